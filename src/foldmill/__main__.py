@@ -1,0 +1,5 @@
+import sys
+
+from foldmill.cli import main
+
+sys.exit(main())

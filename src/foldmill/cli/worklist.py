@@ -1,0 +1,30 @@
+"""`foldmill worklist`: validate inputs into a worklist table."""
+
+from __future__ import annotations
+
+import argparse
+
+from foldmill.io.worklist import build_worklist, write_worklist
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "worklist",
+        help="build a validated worklist from proteome FASTA, target sheets or Boltz YAML files",
+        description="Read proteome FASTA files, target sheets (TSV/CSV) and Boltz YAML/FASTA inputs "
+        "(files or directories) and write DIR/worklist.tsv, DIR/worklist.parquet and DIR/unique_chains.tsv.",
+    )
+    parser.add_argument("inputs", nargs="+", help="input files or directories")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    parser.add_argument(
+        "--skip-bad", action="store_true", help="write bad targets to DIR/rejects.tsv and go on instead of stopping"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = build_worklist(args.inputs, skip_bad=args.skip_bad)
+    write_worklist(result, args.outdir, write_rejects=args.skip_bad)
+    tokens = int(result.table["n_tokens"].sum()) if len(result.table) else 0
+    print(f"{len(result.table)} targets ({tokens} tokens), {len(result.rejects)} rejected -> {args.outdir}")
+    return 0

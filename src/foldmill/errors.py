@@ -1,0 +1,26 @@
+"""User-facing errors.
+
+Every error a user can cause (bad input, bad config, missing file) is raised as a
+`FoldmillError`; the CLI prints it as one line and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class FoldmillError(Exception):
+    """An error whose message is shown to the user as is."""
+
+
+class InputError(FoldmillError):
+    """A problem with one input record: names the file, the record and what is wrong."""
+
+    def __init__(self, source: str, record: str | None, problem: str) -> None:
+        self.source = str(source)
+        self.record = record
+        self.problem = problem
+        where = f"{self.source}: {record}" if record else self.source
+        super().__init__(f"{where}: {problem}")
+
+
+class CheckpointError(FoldmillError):
+    """A checkpoint that cannot be loaded (wrong keys, unsafe payload, unreadable)."""

@@ -1,0 +1,1 @@
+"""Input/output: user inputs into Targets, the worklist table, atomic writes."""

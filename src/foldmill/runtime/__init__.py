@@ -1,0 +1,1 @@
+"""Runtime environment: devices, what the machine offers, shared settings."""
