@@ -23,3 +23,4 @@ rule all:
 
 
 include: "rules/worklist.smk"
+include: "rules/shards.smk"

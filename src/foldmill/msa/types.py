@@ -1,0 +1,51 @@
+"""The staged MSA of one chain: what the featurizer consumes.
+
+Saved as `.npz` (keys `residues`, `deletions`, `keys`) by `save`, read back by `load`.
+Row 0 is always the query. `residues` holds aligned upper-case one-letter codes as ASCII bytes
+(gap = '-'), one column per query residue; `deletions[i, j]` counts the insertions (lower-case
+letters in A3M) in row i just before column j; `keys[i]` is the pairing key of row i (e.g. a
+UniProt taxonomy/accession key; "" = unpaired).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from foldmill.io.atomic import atomic_path
+
+
+@dataclass
+class MSA:
+    residues: np.ndarray  # (depth, length) uint8 ASCII
+    deletions: np.ndarray  # (depth, length) int32
+    keys: np.ndarray  # (depth,) str
+
+    @property
+    def depth(self) -> int:
+        return int(self.residues.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.residues.shape[1])
+
+    @property
+    def query(self) -> str:
+        return self.residues[0].tobytes().decode()
+
+    def save(self, path: str | Path) -> None:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as handle:
+                np.savez_compressed(handle, residues=self.residues, deletions=self.deletions, keys=self.keys.astype(str))
+
+    @classmethod
+    def load(cls, path: str | Path) -> MSA:
+        with np.load(path, allow_pickle=False) as data:
+            return cls(data["residues"], data["deletions"], data["keys"])
+
+    @classmethod
+    def single_sequence(cls, sequence: str) -> MSA:
+        residues = np.frombuffer(sequence.encode(), dtype=np.uint8)[None, :].copy()
+        return cls(residues, np.zeros(residues.shape, dtype=np.int32), np.array([""]))

@@ -1,0 +1,1 @@
+"""Prediction outputs: mmCIF and confidence files, run summary, confidence filters, export, report."""
