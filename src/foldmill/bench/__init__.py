@@ -1,0 +1,1 @@
+"""Benchmarks run by `foldmill bench NAME`; each module exposes `register(subparsers)`."""

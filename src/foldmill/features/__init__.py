@@ -1,0 +1,1 @@
+"""Featurization: Targets and staged inputs into the tensors the Boltz-2 model consumes."""
