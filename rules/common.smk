@@ -1,4 +1,4 @@
-# Shared set-up for every rule file: config validation, output paths, the list of final outputs.
+# Shared set-up for every rules file (config validation, output paths, the list of final outputs).
 from pathlib import Path
 
 from snakemake.utils import validate

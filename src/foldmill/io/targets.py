@@ -20,9 +20,10 @@ from foldmill.errors import InputError
 ENTITY_TYPES = ("protein", "dna", "rna", "ligand")
 
 # One-letter codes accepted per polymer type. X/N are "unknown" residues (tokenized as UNK / N).
-# U (selenocysteine) and O (pyrrolysine) are real residues that Boltz maps to UNK.
+# U (selenocysteine), O (pyrrolysine) and the IUPAC ambiguity codes B, Z, J occur in real
+# proteomes; Boltz maps them to UNK. Anything else (digits, '*' inside a chain, ...) is an error.
 POLYMER_ALPHABETS: dict[str, frozenset[str]] = {
-    "protein": frozenset("ACDEFGHIKLMNPQRSTVWYXUO"),
+    "protein": frozenset("ACDEFGHIKLMNPQRSTVWYXUOBZJ"),
     "dna": frozenset("ACGTN"),
     "rna": frozenset("ACGUN"),
 }
