@@ -38,12 +38,27 @@ class MSA:
     def save(self, path: str | Path) -> None:
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as handle:
-                np.savez_compressed(handle, residues=self.residues, deletions=self.deletions, keys=self.keys.astype(str))
+                keys = self.keys.astype(str)
+                np.savez_compressed(handle, residues=self.residues, deletions=self.deletions, keys=keys)
 
     @classmethod
     def load(cls, path: str | Path) -> MSA:
         with np.load(path, allow_pickle=False) as data:
             return cls(data["residues"], data["deletions"], data["keys"])
+
+    def select_rows(self, rows: np.ndarray) -> MSA:
+        """The MSA restricted to `rows` (indices, in the given order)."""
+        return MSA(self.residues[rows], self.deletions[rows], self.keys[rows])
+
+    def crop_columns(self, start: int, stop: int) -> MSA:
+        """The MSA over query columns [start, stop); insertions before `start` stay on column 0."""
+        return MSA(self.residues[:, start:stop], self.deletions[:, start:stop], self.keys)
+
+    @staticmethod
+    def read_depth(path: str | Path) -> int:
+        """The depth of a saved MSA, reading only its keys."""
+        with np.load(path, allow_pickle=False) as data:
+            return int(data["keys"].shape[0])
 
     @classmethod
     def single_sequence(cls, sequence: str) -> MSA:

@@ -1,0 +1,31 @@
+# MSA staging: one MSA per distinct polymer chain (src/foldmill/msa/staging.py).
+# Proteins without an MSA are searched in ONE batched MMseqs2 search per run (msa.mode).
+
+
+def msa_database_input(wildcards):
+    """The configured sequence database, so editing it re-stages (a FASTA or an MMseqs2 DB prefix)."""
+    database = config["msa"]["database"]
+    return [database] if database and config["msa"]["mode"] in ("auto", "search") else []
+
+
+rule stage_msas:
+    input:
+        chains=rules.worklist.output.chains,
+        worklist=rules.worklist.output.tsv,
+        database=msa_database_input,
+    output:
+        manifest=OUTDIR / "staged/msa_manifest.tsv",
+        rejects=OUTDIR / "staged/msa_rejects.tsv",
+    params:
+        msa=config["msa"],
+        cache_dir=config["msa"]["cache_dir"] or str(OUTDIR / "staged/cache/msa"),
+    threads: config["msa"]["threads"]
+    log:
+        LOGDIR / "stage_msas.log",
+    conda:
+        env_path("msa.yaml")
+    script:
+        script_path("msa_stage.py")
+
+
+FINAL_OUTPUTS.append(rules.stage_msas.output.manifest)

@@ -1,0 +1,29 @@
+# Template staging: user templates aligned to their chains, plus an optional batched MMseqs2
+# template search against a seqres FASTA (src/foldmill/templates/staging.py).
+
+
+def template_search_inputs(wildcards):
+    seqres = config["templates"]["seqres"]
+    return [seqres] if seqres else []
+
+
+rule stage_templates:
+    input:
+        worklist=rules.worklist.output.tsv,
+        seqres=template_search_inputs,
+    output:
+        manifest=OUTDIR / "staged/templates_manifest.tsv",
+        rejects=OUTDIR / "staged/templates_rejects.tsv",
+    params:
+        templates=config["templates"],
+        cache_dir=config["templates"]["cache_dir"] or str(OUTDIR / "staged/cache/templates"),
+    threads: config["templates"]["threads"]
+    log:
+        LOGDIR / "stage_templates.log",
+    conda:
+        env_path("msa.yaml")
+    script:
+        script_path("templates_stage.py")
+
+
+FINAL_OUTPUTS.append(rules.stage_templates.output.manifest)
