@@ -55,6 +55,11 @@ class Prediction:
         return int(self.coords.shape[0])
 
     @property
+    def chain_order(self) -> list[str]:
+        """Chain ids in order of first appearance in `token_chain_ids`: the axis order of chains_ptm."""
+        return list(dict.fromkeys(str(c) for c in self.token_chain_ids))
+
+    @property
     def confidence_score(self) -> np.ndarray:
         """Boltz's ranking score: (4 * complex_plddt + (iptm if nonzero else ptm)) / 5."""
         interface = np.where(self.iptm > 0, self.iptm, self.ptm)

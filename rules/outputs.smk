@@ -1,0 +1,112 @@
+# Outputs: run summary -> confidence filters -> high-confidence export, and the report's figures.
+# Logic lives in src/foldmill/outputs/; thresholds are params, so changing them reruns only
+# filter, export and the report figures, never the summary (let alone folding).
+
+report: "../workflow/report/workflow.rst"
+
+
+rule summary:
+    input:
+        # The fold tables of every shard the `shards` checkpoint wrote (a lambda keeps --lint clean).
+        fold=lambda wildcards: [OUTDIR / f"fold/{s}.tsv" for s in shard_ids(wildcards)],
+        worklist=OUTDIR / "worklist/worklist.tsv",
+    output:
+        tsv=OUTDIR / "summary.tsv",
+        parquet=OUTDIR / "summary.parquet",
+    log:
+        LOGDIR / "summary.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("summary.py")
+
+
+rule filter:
+    input:
+        rules.summary.output.tsv,
+    output:
+        passed=OUTDIR / "filter/passed.tsv",
+        failed=OUTDIR / "filter/failed.tsv",
+    params:
+        filters=config["filters"],
+    log:
+        LOGDIR / "filter.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("filter.py")
+
+
+rule export:
+    input:
+        passed=rules.filter.output.passed,
+        failed=rules.filter.output.failed,
+    output:
+        directory(OUTDIR / "export"),
+    params:
+        filters=config["filters"],
+        export=config["export"],
+    log:
+        LOGDIR / "export.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("export.py")
+
+
+rule export_archive:
+    input:
+        rules.export.output,
+    output:
+        OUTDIR / "export.tar.gz",
+    log:
+        LOGDIR / "export_archive.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("export_archive.py")
+
+
+rule report_figures:
+    input:
+        passed=rules.filter.output.passed,
+        failed=rules.filter.output.failed,
+    output:
+        plddt=report(
+            OUTDIR / "report/plddt_distribution.png",
+            caption="../workflow/report/plddt_distribution.rst",
+            category="Confidence",
+        ),
+        ptm_iptm=report(
+            OUTDIR / "report/ptm_vs_iptm.png",
+            caption="../workflow/report/ptm_vs_iptm.rst",
+            category="Confidence",
+        ),
+        filters=report(
+            OUTDIR / "report/filter_counts.png",
+            caption="../workflow/report/filter_counts.rst",
+            category="Filters",
+        ),
+        throughput=report(
+            OUTDIR / "report/throughput.png",
+            caption="../workflow/report/throughput.rst",
+            category="Run",
+        ),
+        targets=report(
+            OUTDIR / "report/targets.html",
+            caption="../workflow/report/targets.rst",
+            category="Targets",
+        ),
+    params:
+        filters=config["filters"],
+    log:
+        LOGDIR / "report_figures.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("summary_report.py")
+
+
+FINAL_OUTPUTS.extend([rules.summary.output.parquet, rules.export.output[0], *rules.report_figures.output])
+if config["export"]["tar_gz"]:
+    FINAL_OUTPUTS.append(rules.export_archive.output[0])

@@ -1,0 +1,67 @@
+"""`foldmill filter`: apply confidence thresholds to a run summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from foldmill.errors import FoldmillError
+from foldmill.outputs.filters import FilterConfig, apply_filters, write_filter_tables
+from foldmill.outputs.summary import read_summary
+
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="a foldmill config file; its `filters:` section gives the thresholds")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="TYPE.KEY=VALUE",
+        help="set one threshold, e.g. complex.min_iptm=0.7 or monomer.min_plddt=null (repeatable)",
+    )
+
+
+def thresholds_from_args(args: argparse.Namespace) -> FilterConfig:
+    """Thresholds from --config's `filters:` section, then each --set; anything unset is not applied."""
+    section: dict[str, dict[str, object]] = {}
+    if args.config:
+        try:
+            loaded = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise FoldmillError(f"{args.config}: cannot read config: {error}") from None
+        section = {key: dict(value or {}) for key, value in (loaded.get("filters") or {}).items()}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        target_type, _, name = key.partition(".")
+        if not name or not value:
+            raise FoldmillError(f"--set {item!r}: expected TYPE.KEY=VALUE, e.g. complex.min_iptm=0.7")
+        try:
+            section.setdefault(target_type, {})[name] = None if value == "null" else float(value)
+        except ValueError:
+            raise FoldmillError(f"--set {item!r}: {value!r} is not a number or null") from None
+    unknown = sorted(set(section) - {"monomer", "complex"})
+    if unknown:
+        raise FoldmillError(f"unknown target type {unknown[0]!r} in thresholds (use monomer or complex)")
+    return FilterConfig.from_config(section)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "filter",
+        help="split a run summary into passed/failed targets by confidence thresholds",
+        description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule).",
+    )
+    parser.add_argument("summary", help="summary.tsv or summary.parquet written by `foldmill summary`")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    add_threshold_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = apply_filters(read_summary(args.summary), thresholds_from_args(args))
+    outdir = Path(args.outdir)
+    write_filter_tables(result, outdir / "passed.tsv", outdir / "failed.tsv")
+    print(f"{int(result['passed'].sum())} of {len(result)} targets passed -> {outdir}")
+    return 0
