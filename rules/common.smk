@@ -18,3 +18,14 @@ def script_path(name):
 
 def env_path(name):
     return workflow.source_path(f"../envs/{name}")
+
+
+def msa_database_input(wildcards):
+    """The configured sequence database, so editing it re-stages (a FASTA or an MMseqs2 DB prefix)."""
+    database = config["msa"]["database"]
+    return [database] if database and config["msa"]["mode"] in ("auto", "search") else []
+
+
+def template_search_inputs(wildcards):
+    seqres = config["templates"]["seqres"]
+    return [seqres] if seqres else []

@@ -2,12 +2,6 @@
 # Proteins without an MSA are searched in ONE batched MMseqs2 search per run (msa.mode).
 
 
-def msa_database_input(wildcards):
-    """The configured sequence database, so editing it re-stages (a FASTA or an MMseqs2 DB prefix)."""
-    database = config["msa"]["database"]
-    return [database] if database and config["msa"]["mode"] in ("auto", "search") else []
-
-
 rule stage_msas:
     input:
         chains=rules.worklist.output.chains,

@@ -2,11 +2,6 @@
 # template search against a seqres FASTA (src/foldmill/templates/staging.py).
 
 
-def template_search_inputs(wildcards):
-    seqres = config["templates"]["seqres"]
-    return [seqres] if seqres else []
-
-
 rule stage_templates:
     input:
         worklist=rules.worklist.output.tsv,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from foldmill.errors import InputError
+from foldmill.io.hashing import file_sha256
 
 ENTITY_TYPES = ("protein", "dna", "rna", "ligand")
 
@@ -168,11 +169,7 @@ class Target:
 
 
 def _file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + file_sha256(path)
 
 
 def validate_entity(entity: Entity, source: str, record: str) -> None:

@@ -36,6 +36,7 @@ import pandas as pd
 
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import atomic_path
+from foldmill.io.hashing import file_sha256
 from foldmill.msa import mmseqs
 from foldmill.msa.keys import pairing_key
 from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, read_msa, rows_to_msa
@@ -119,14 +120,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _file_digest(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 class MSACache:
     """Staged MSAs under `root`: <root>/<hash[:2]>/<hash>.<variant>.npz."""
 
@@ -177,7 +170,7 @@ def stage_msas(
         chain_hash, kind, sequence, given = chain.chain_hash, chain.entity_type, chain.sequence, chain.msa
         if given and given != "empty":
             try:
-                path = cache.path(chain_hash, f"user-{_file_digest(given)}-d{config.max_depth}")
+                path = cache.path(chain_hash, f"user-{file_sha256(given)[:12]}-d{config.max_depth}")
                 if not path.is_file():
                     read_msa(given, sequence, config.max_depth).save(path)
             except OSError as error:

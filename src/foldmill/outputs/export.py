@@ -11,7 +11,6 @@ The folder is assembled beside its final place and renamed in, so it is never ha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tarfile
@@ -22,6 +21,7 @@ import pandas as pd
 
 from foldmill import __version__
 from foldmill.io.atomic import atomic_path
+from foldmill.io.hashing import file_sha256
 from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, FilterConfig, failure_counts
 from foldmill.outputs.modelcif import model_label
 from foldmill.outputs.staging import staging_directory
@@ -69,18 +69,10 @@ def _copy_target(source: Path, target_id: str, destination: Path, options: Expor
     shutil.copy2(source / record_name(target_id), destination / record_name(target_id))
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path) -> None:
     """manifest.tsv: every file under `folder` (but itself), sorted, with its sha256."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-    rows = [{"path": p.relative_to(folder).as_posix(), "sha256": sha256_file(p)} for p in files]
+    rows = [{"path": p.relative_to(folder).as_posix(), "sha256": file_sha256(p)} for p in files]
     pd.DataFrame(rows, columns=["path", "sha256"]).to_csv(folder / MANIFEST, sep="\t", index=False)
 
 
