@@ -38,3 +38,37 @@ def token_id(entity_type: str, letter: str) -> int:
     if letter == "-":
         return GAP_ID
     return TOKEN_ID[residue_name(entity_type, letter)]
+
+# Molecule types of chains/tokens (the model's `mol_type` feature).
+MOL_TYPES = ("protein", "dna", "rna", "ligand")
+MOL_TYPE_ID = {name: index for index, name in enumerate(MOL_TYPES)}
+
+# Unknown residue class per polymer type; ligand atoms and modified protein residues use UNK.
+UNKNOWN_TOKEN_ID = {kind: TOKEN_ID[name] for kind, name in UNKNOWN_RESIDUE.items()} | {"ligand": TOKEN_ID["UNK"]}
+
+# Bond types (RDKit names); token bond features store type + 1 so that 0 means "no bond".
+BOND_TYPES = ("OTHER", "SINGLE", "DOUBLE", "TRIPLE", "AROMATIC", "COVALENT")
+BOND_TYPE_ID = {name: index for index, name in enumerate(BOND_TYPES)}
+
+# RDKit chiral tags; anything else is CHI_OTHER.
+CHIRALITY_TYPES = (
+    "CHI_UNSPECIFIED", "CHI_TETRAHEDRAL_CW", "CHI_TETRAHEDRAL_CCW", "CHI_SQUAREPLANAR",
+    "CHI_OCTAHEDRAL", "CHI_TRIGONALBIPYRAMIDAL", "CHI_OTHER",
+)  # fmt: skip
+CHIRALITY_ID = {name: index for index, name in enumerate(CHIRALITY_TYPES)}
+
+# Pairwise contact conditioning classes (pocket and contact constraints).
+CONTACT_CONDITIONING = {"UNSPECIFIED": 0, "UNSELECTED": 1, "POCKET>BINDER": 2, "BINDER>POCKET": 3, "CONTACT": 4}
+
+# Experimental-method conditioning; Boltz-2 predicts as "x-ray diffraction" unless told otherwise.
+METHOD_TYPE_ID = {
+    "md": 0, "x-ray diffraction": 1, "electron microscopy": 2, "solution nmr": 3,
+    "solid-state nmr": 4, "neutron diffraction": 4, "electron crystallography": 4,
+    "fiber diffraction": 4, "powder diffraction": 4, "infrared spectroscopy": 4,
+    "fluorescence transfer": 4, "epr": 4, "theoretical model": 4, "solution scattering": 4,
+    "other": 4, "afdb": 5, "boltz-1": 6,
+}  # fmt: skip
+DEFAULT_METHOD = "x-ray diffraction"
+
+NUM_ELEMENTS = 128  # one-hot width of ref_element (atomic number)
+NUM_ATOM_NAME_CHARS = 64  # one-hot width per atom-name character (ASCII code - 32)

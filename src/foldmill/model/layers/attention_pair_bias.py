@@ -1,0 +1,71 @@
+"""Gated multi-head attention with a per-head pair bias, AF3 Algorithm 24.
+
+forward(s (B, S, c_s), z, mask (B, K), k_in (B, K, c_s), multiplicity) -> (B, S, c_s).
+With compute_pair_bias=True (trunk, confidence) z is the pair representation
+(B', S, K, c_z) and is projected to one bias per head; with compute_pair_bias=False
+(diffusion transformer) z is already the bias (B', S, K, H). B' = B / multiplicity: the
+bias is shared by the `multiplicity` samples stacked in s.
+
+`attention_with_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
+apart so a fused kernel can replace it. Parameter names (proj_q/k/v/g/o, proj_z.0 the
+LayerNorm, proj_z.1 the bias projection) match the Boltz-2 checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
+    """softmax(q k^T / sqrt(D) + bias - inf * (1 - mask)) v.
+
+    q: (B, S, H, D); k, v: (B, K, H, D); bias: (B, H, S, K); mask: (B, K). Returns (B, S, H, D).
+    """
+    head_dim = q.shape[-1]
+    logits = torch.einsum("bihd,bjhd->bhij", q.float(), k.float())
+    logits = logits / (head_dim**0.5) + bias.float()
+    logits = logits + (1 - mask[:, None, None].float()) * -inf
+    weights = logits.softmax(dim=-1)
+    return torch.einsum("bhij,bjhd->bihd", weights, v.float()).to(v.dtype)
+
+
+class AttentionPairBias(nn.Module):
+    """Single-track attention whose logits are biased by the pair representation."""
+
+    def __init__(
+        self,
+        c_s: int,
+        c_z: int | None = None,
+        num_heads: int | None = None,
+        inf: float = 1e6,
+        compute_pair_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if num_heads is None or c_s % num_heads:
+            raise ValueError(f"c_s={c_s} must be a multiple of num_heads={num_heads}")
+        self.c_s = c_s
+        self.num_heads = num_heads
+        self.head_dim = c_s // num_heads
+        self.inf = inf
+        self.compute_pair_bias = compute_pair_bias
+        self.proj_q = nn.Linear(c_s, c_s)
+        self.proj_k = nn.Linear(c_s, c_s, bias=False)
+        self.proj_v = nn.Linear(c_s, c_s, bias=False)
+        self.proj_g = nn.Linear(c_s, c_s, bias=False)
+        if compute_pair_bias:
+            if c_z is None:
+                raise ValueError("c_z is required when compute_pair_bias=True")
+            self.proj_z = nn.Sequential(nn.LayerNorm(c_z), nn.Linear(c_z, num_heads, bias=False))
+        self.proj_o = nn.Linear(c_s, c_s, bias=False)
+
+    def forward(self, s: Tensor, z: Tensor, mask: Tensor, k_in: Tensor, multiplicity: int = 1) -> Tensor:
+        batch = s.shape[0]
+        q = self.proj_q(s).view(batch, -1, self.num_heads, self.head_dim)
+        k = self.proj_k(k_in).view(batch, -1, self.num_heads, self.head_dim)
+        v = self.proj_v(k_in).view(batch, -1, self.num_heads, self.head_dim)
+        bias = self.proj_z(z) if self.compute_pair_bias else z
+        bias = bias.movedim(-1, 1).repeat_interleave(multiplicity, 0)  # heads first
+        gate = self.proj_g(s).sigmoid()
+        out = attention_with_pair_bias(q, k, v, bias, mask, self.inf)
+        return self.proj_o(gate * out.reshape(batch, -1, self.c_s))

@@ -1,0 +1,45 @@
+"""Outer product mean: MSA (B, S, N, c_in) + MSA mask (B, S, N) -> pair update (B, N, N, c_out).
+
+For every token pair (i, j), average over the unmasked MSA rows of the outer product of
+two low-rank projections a_si (x) b_sj, flatten (c_hidden^2) and project to c_out.
+Parameter names (norm, proj_a, proj_b, proj_o) match the Boltz-2 checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class OuterProductMean(nn.Module):
+    """AF3 Algorithm 9 (MSA -> pair communication)."""
+
+    def __init__(self, c_in: int, c_hidden: int, c_out: int) -> None:
+        super().__init__()
+        self.c_hidden = c_hidden
+        self.norm = nn.LayerNorm(c_in)
+        self.proj_a = nn.Linear(c_in, c_hidden, bias=False)
+        self.proj_b = nn.Linear(c_in, c_hidden, bias=False)
+        self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)
+
+    def forward(self, m: Tensor, mask: Tensor, chunk_size: int | None = None) -> Tensor:
+        """m: (B, S, N, c_in), mask: (B, S, N). chunk_size splits a's channels to bound memory."""
+        mask = mask.unsqueeze(-1).to(m)
+        m = self.norm(m)
+        a = self.proj_a(m) * mask
+        b = self.proj_b(m) * mask
+        # Number of rows where both tokens are present: (B, N, N, 1), at least 1.
+        row_count = (mask[:, :, None, :] * mask[:, :, :, None]).sum(1).clamp(min=1)
+        if chunk_size is None:
+            outer = torch.einsum("bsic,bsjd->bijcd", a.float(), b.float())
+            outer = outer.reshape(*outer.shape[:3], -1) / row_count
+            return self.proj_o(outer.to(m))
+        # Same projection, accumulated over slices of a's channels (rows c of proj_o's input).
+        out = None
+        for start in range(0, self.c_hidden, chunk_size):
+            outer = torch.einsum("bsic,bsjd->bijcd", a[..., start : start + chunk_size], b)
+            outer = outer.reshape(*outer.shape[:3], -1) / row_count
+            weight = self.proj_o.weight[:, start * self.c_hidden : (start + chunk_size) * self.c_hidden]
+            part = outer.to(m) @ weight.T
+            out = part if out is None else out + part
+        return out + self.proj_o.bias
