@@ -13,7 +13,10 @@ import pytest
 
 from foldmill.errors import InputError
 from foldmill.features.vocab import NUM_TOKENS, TOKENS
-from foldmill.msa.features import deletion_mean, deletion_value, has_deletion, profile, token_ids
+from foldmill.features import featurize
+from foldmill.features.staged import StagedInputs
+from foldmill.io.targets import Entity, Target
+from foldmill.msa.features import token_ids
 from foldmill.msa.parse import RawRow, read_msa, rows_to_msa
 from foldmill.msa.types import MSA
 
@@ -62,18 +65,21 @@ def test_depth_residues_deletions_and_profile_match_a_reference_parser(data_dir:
     assert msa.deletions.tolist() == [insertions for _, insertions in expected]
     assert msa.deletions.sum() > 0
 
+    # The features the model consumes, through the production featurizer.
+    target = Target("t", (Entity("protein", ("A",), sequence=msa.query, msa=str(path)),))
+    features = featurize(target, StagedInputs.from_target(target)).features
     counts = [[0] * NUM_TOKENS for _ in range(msa.length)]
     for columns, _ in expected:
         for j, char in enumerate(columns):
             counts[j][TOKENS.index("-" if char == "-" else THREE.get(char, "UNK"))] += 1
     reference_profile = np.array(counts, dtype=np.float64) / len(expected)
-    np.testing.assert_allclose(profile(token_ids(msa.residues, "protein")), reference_profile, atol=1e-6)
+    np.testing.assert_allclose(features["profile"][0].numpy(), reference_profile, atol=1e-6)
 
     reference_mean = [
         sum(math.pi / 2 * math.atan(ins[j] / 3) for _, ins in expected) / len(expected) for j in range(msa.length)
     ]
-    np.testing.assert_allclose(deletion_mean(msa.deletions), reference_mean, rtol=1e-5, atol=1e-6)
-    assert has_deletion(msa.deletions).sum() == sum(1 for _, ins in expected for d in ins if d)
+    np.testing.assert_allclose(features["deletion_mean"][0].numpy(), reference_mean, rtol=1e-5, atol=1e-6)
+    assert features["has_deletion"][0].sum() == sum(1 for _, ins in expected for d in ins if d)
 
 
 def test_explicit_rows_of_seq1(data_dir: Path) -> None:
@@ -202,11 +208,6 @@ def test_bad_csv_columns_and_unknown_format(tmp_path: Path) -> None:
     other.write_text(">q\nACD\n")
     with pytest.raises(InputError, match="unknown MSA format"):
         read_msa(other)
-
-
-def test_deletion_value_is_boltz_transform() -> None:
-    values = deletion_value(np.array([[0, 3, 30]]))
-    np.testing.assert_allclose(values, [[0.0, math.pi / 2 * math.atan(1.0), math.pi / 2 * math.atan(10.0)]], rtol=1e-6)
 
 
 def test_nucleotide_letters_map_per_polymer_type() -> None:

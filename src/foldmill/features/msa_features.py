@@ -32,7 +32,6 @@ from foldmill.msa.types import MSA
 MAX_PAIRED_ROWS = 8192
 MAX_ROWS = 16384
 GAP_ROW = -1
-UNPAIRED_CSV_KEY = "-1"  # Boltz's CSV MSAs mark unpaired rows with key -1
 
 
 @dataclass
@@ -53,7 +52,6 @@ def chain_msa(residue_classes: np.ndarray, msa: MSA | None) -> ChainMSA:
     # The query row is the chain as featurized (modified residues count as UNK, as in OSS).
     classes[0] = residue_classes
     keys = msa.keys.astype(str)
-    keys = np.where(keys == UNPAIRED_CSV_KEY, "", keys)
     return ChainMSA(classes, msa.deletions.astype(np.int64), keys)
 
 

@@ -1,7 +1,7 @@
 """MSA staging: parse, pair, deduplicate, cache and search multiple sequence alignments.
 
 Modules: types (the MSA arrays), parse (A3M / Boltz CSV / Stockholm), keys (pairing keys from
-headers), pairing (complex MSAs), features (profile and deletion features), mmseqs (batched
+headers), features (letters to vocabulary classes), mmseqs (batched
 MMseqs2 search), staging (the stage_msas rule's logic).
 """
 

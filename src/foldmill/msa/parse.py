@@ -34,6 +34,7 @@ DEFAULT_MAX_DEPTH = 8192
 
 A3M_SUFFIXES = (".a3m", ".a3m.gz")
 CSV_SUFFIXES = (".csv",)
+UNPAIRED_CSV_KEY = "-1"
 STOCKHOLM_SUFFIXES = (".sto", ".stockholm", ".sto.gz", ".stockholm.gz")
 
 _GAP = ord("-")
@@ -95,8 +96,10 @@ def csv_rows(path: Path) -> Iterator[RawRow]:
             )
         for number, row in enumerate(reader, start=2):
             text = (row["sequence"] or "").strip()
+            key = (row["key"] or "").strip()
             if text:
-                yield RawRow(text, (row["key"] or "").strip(), f"line {number}")
+                # Boltz CSVs (and ColabFold's server output) mark unpaired rows with key -1.
+                yield RawRow(text, "" if key == UNPAIRED_CSV_KEY else key, f"line {number}")
 
 
 def stockholm_rows(path: Path) -> Iterator[RawRow]:
