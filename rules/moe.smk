@@ -1,0 +1,72 @@
+# MoE language-model pretraining on biological sequences (src/foldmill/moe):
+# FASTA corpus -> tokenized, packed shards -> pretrain (resumes from its checkpoints) -> validation perplexity.
+
+MOE = config["moe"]
+MOE_DIR = OUTDIR / "moe"
+# TrainConfig fields taken from the config's moe section (the rest keep their defaults).
+MOE_TRAIN_KEYS = ("model", "expert_backend", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "precision",
+                  "parallel", "checkpoint_every", "eval_batches", "log_every", "seed", "aux_loss_coef")
+
+
+rule moe_prepare_corpus:
+    input:
+        MOE["corpus"],
+    output:
+        meta=MOE_DIR / "corpus/meta.json",
+    params:
+        alphabet=MOE["alphabet"],
+        val_fraction=MOE["val_fraction"],
+        shard_tokens=MOE["shard_tokens"],
+    log:
+        LOGDIR / "moe_prepare_corpus.log",
+    conda:
+        env_path("moe.yaml")
+    script:
+        script_path("moe_prepare_corpus.py")
+
+
+rule moe_pretrain:
+    input:
+        meta=rules.moe_prepare_corpus.output.meta,
+    output:
+        summary=MOE_DIR / "run/summary.json",
+    params:
+        train={key: MOE[key] for key in MOE_TRAIN_KEYS},
+        run_dir=MOE_DIR / "run",
+        gpus=MOE["gpus"],
+    threads: max(MOE["gpus"], 1) * MOE["cpus_per_gpu"]
+    resources:
+        gpu=MOE["gpus"],
+        runtime=MOE["runtime_minutes"],
+        mem_mb=MOE["mem_mb"],
+    log:
+        LOGDIR / "moe_pretrain.log",
+    conda:
+        env_path("moe.yaml")
+    script:
+        script_path("moe_pretrain.py")
+
+
+rule moe_evaluate:
+    input:
+        meta=rules.moe_prepare_corpus.output.meta,
+        summary=rules.moe_pretrain.output.summary,
+    output:
+        MOE_DIR / "evaluation.json",
+    params:
+        batch_size=MOE["batch_size"],
+        max_batches=MOE["eval_batches"],
+    resources:
+        gpu=min(MOE["gpus"], 1),
+        runtime=30,
+        mem_mb=MOE["mem_mb"],
+    log:
+        LOGDIR / "moe_evaluate.log",
+    conda:
+        env_path("moe.yaml")
+    script:
+        script_path("moe_evaluate.py")
+
+
+if MOE["enabled"]:
+    FINAL_OUTPUTS.append(rules.moe_evaluate.output[0])

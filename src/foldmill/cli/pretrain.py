@@ -1,0 +1,90 @@
+"""`foldmill pretrain`: MoE language-model pretraining on biological sequences.
+
+  foldmill pretrain prepare-corpus FASTA... -o CORPUS [--alphabet protein|nucleotide]
+  foldmill pretrain train --corpus CORPUS --run-dir RUN [--model tiny --expert-backend mxfp8 --steps N ...]
+  foldmill pretrain evaluate --corpus CORPUS --checkpoint RUN/checkpoints/step_N [-o evaluation.json]
+`train` resumes from the newest checkpoint in RUN; run it under torchrun for DDP / FSDP2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import typing
+
+from foldmill.io.atomic import write_text_atomic
+from foldmill.moe.config import TrainConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("pretrain", help="pretrain mixture-of-experts models on FASTA corpora")
+    commands = parser.add_subparsers(dest="pretrain_command", required=True, metavar="STEP")
+
+    prepare = commands.add_parser("prepare-corpus", help="tokenize, pack and shard FASTA files (train/val split)")
+    prepare.add_argument("fasta", nargs="+", help="FASTA files (.gz allowed): proteomes, UniRef, genomes")
+    prepare.add_argument("-o", "--out", required=True, help="corpus directory")
+    prepare.add_argument("--alphabet", default="protein", choices=["protein", "nucleotide"])
+    prepare.add_argument("--val-fraction", type=float, default=0.05)
+    prepare.add_argument("--shard-tokens", type=int, default=1 << 26)
+    prepare.set_defaults(handler=run_prepare)
+
+    train = commands.add_parser("train", help="train (or resume) a run")
+    train.add_argument("--corpus", required=True, help="a directory written by prepare-corpus")
+    train.add_argument("--run-dir", required=True, help="metrics.jsonl, checkpoints/ and summary.json go here")
+    add_config_arguments(train, TrainConfig)
+    train.set_defaults(handler=run_train)
+
+    evaluate = commands.add_parser("evaluate", help="validation loss and perplexity of a checkpoint")
+    evaluate.add_argument("--corpus", required=True)
+    evaluate.add_argument("--checkpoint", required=True, help="a checkpoints/step_* directory")
+    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--max-batches", type=int, default=0, help="0 = the whole validation split")
+    evaluate.add_argument("-o", "--out", help="write the result as JSON here")
+    evaluate.set_defaults(handler=run_evaluate)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
+    """One --option per field of the config dataclass, defaulting to the field's default."""
+    hints = typing.get_type_hints(config_class)
+    for field in dataclasses.fields(config_class):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=hints[field.name],
+                            default=field.default, help=f"(default: {field.default})")
+
+
+def config_from_args(args: argparse.Namespace, config_class: type):
+    return config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from foldmill.moe.data.corpus import prepare_corpus
+
+    meta = prepare_corpus(args.fasta, args.out, args.alphabet, args.val_fraction, args.shard_tokens)
+    splits = meta["splits"]
+    print(f"{splits['train']['records']} train / {splits['val']['records']} val records "
+          f"({splits['train']['tokens']} / {splits['val']['tokens']} tokens), "
+          f"{meta['rejected_records']} rejected -> {args.out}")
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from foldmill.moe.train.trainer import pretrain
+
+    summary = pretrain(args.corpus, args.run_dir, config_from_args(args, TrainConfig))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only the first process reports
+        return 0
+    print(f"step {summary['steps']}: train loss {summary['final_train_loss']:.4f}, "
+          f"val loss {summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:.2f}) -> {args.run_dir}")
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from foldmill.moe.train.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.corpus, args.checkpoint, args.batch_size, args.max_batches)
+    text = json.dumps(result, indent=2) + "\n"
+    if args.out:
+        write_text_atomic(args.out, text)
+    print(text, end="")
+    return 0

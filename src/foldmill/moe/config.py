@@ -1,0 +1,111 @@
+"""Plain configuration dataclasses for the MoE model, its data and its training (torchtitan style)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from foldmill.errors import FoldmillError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hidden_size: int = 64
+    ffn_size: int = 128  # per expert
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    num_experts: int = 4
+    top_k: int = 2
+    vocab_size: int = 32  # replaced by the tokenizer's size when training on a corpus
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    # Switch-style load-balancing loss weight (0 turns it off).
+    aux_loss_coef: float = 0.01
+    expert_backend: str = "grouped"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise FoldmillError(
+                f"hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
+                f"and num_heads by num_kv_heads {self.num_kv_heads}"
+            )
+        if not 1 <= self.top_k <= self.num_experts:
+            raise FoldmillError(f"top_k {self.top_k} must be between 1 and num_experts {self.num_experts}")
+        # 8-bit GEMMs block (MXFP8: 32) or align (FP8 on Hopper: 16) both expert dimensions.
+        multiple = {"mxfp8": 32, "fp8_rowwise": 16}.get(self.expert_backend, 1)
+        if self.hidden_size % multiple or self.ffn_size % multiple:
+            raise FoldmillError(
+                f"expert backend {self.expert_backend} needs hidden_size and ffn_size divisible by {multiple}, "
+                f"got {self.hidden_size} and {self.ffn_size}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def active_params_per_token(self) -> int:
+        """Parameters each token touches (embedding excluded): the 6N of the FLOP count."""
+        attention = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        experts = self.top_k * 3 * self.hidden_size * self.ffn_size
+        router = self.hidden_size * self.num_experts
+        return self.num_layers * (attention + experts + router) + self.hidden_size * self.vocab_size
+
+
+MODEL_CONFIGS: dict[str, ModelConfig] = {
+    # CI and the demo: trains in seconds on a CPU.
+    "tiny": ModelConfig(),
+    # Biological 8x1B-class (NVIDIA's og2-mixtral-8x1B shape): DNA or protein, vocab from the tokenizer.
+    "bio_8x1b": ModelConfig(
+        hidden_size=2048, ffn_size=4096, num_layers=16, num_heads=16, num_kv_heads=8, num_experts=8, top_k=2,
+        vocab_size=256, max_seq_len=4096, rope_theta=500000.0,
+    ),
+    # One Mixtral-8x7B decoder layer, for benchmarks.
+    "mixtral_8x7b_layer": ModelConfig(
+        hidden_size=4096, ffn_size=14336, num_layers=1, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,
+        vocab_size=32000, max_seq_len=4096, rope_theta=1e6,
+    ),
+}
+
+
+def model_config(name: str, **overrides: object) -> ModelConfig:
+    """A named config with field overrides (e.g. expert_backend="mxfp8")."""
+    if name not in MODEL_CONFIGS:
+        raise FoldmillError(f"unknown model config {name!r}; choose one of {', '.join(MODEL_CONFIGS)}")
+    return dataclasses.replace(MODEL_CONFIGS[name], **overrides)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tiny"
+    expert_backend: str = "grouped"
+    steps: int = 100
+    batch_size: int = 8  # sequences per GPU (per process) and step
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    # fp32: all fp32; bf16-mixed: fp32 master weights, bf16 compute; bf16: bf16 weights and compute.
+    precision: str = "fp32"
+    parallel: str = "ddp"  # ddp or fsdp (FSDP2, per decoder layer) when several processes run
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 8
+    checkpoint_every: int = 0  # 0: only at the end
+    peak_tflops: float = 790.0  # per GPU, for MFU (measured bf16 dense rate of an H200)
+    aux_loss_coef: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "bf16-mixed", "bf16"):
+            raise FoldmillError(f"precision must be fp32, bf16-mixed or bf16, not {self.precision!r}")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise FoldmillError(f"parallel must be ddp or fsdp, not {self.parallel!r}")
+        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
+            raise FoldmillError("steps and batch_size must be >= 1 and seq_len >= 2")

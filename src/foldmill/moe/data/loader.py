@@ -1,0 +1,80 @@
+"""Batches of fixed-length windows over a packed corpus split, in a reproducible, resumable order.
+
+A split's stream is cut into windows of seq_len + 1 tokens (input and shifted target) with stride
+seq_len, never across shard files. Each epoch visits all windows in a permutation drawn from
+(seed, epoch); process `rank` of `world_size` takes every world_size-th window. The sampler's state
+(epoch, position) is saved in checkpoints, so a resumed run sees exactly the batches it would have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from foldmill.errors import FoldmillError
+from foldmill.moe.data.corpus import load_meta
+
+
+class PackedWindows:
+    """Windows of `seq_len + 1` tokens over the memory-mapped shards of one split."""
+
+    def __init__(self, corpus_dir: str | Path, split: str, seq_len: int) -> None:
+        meta = load_meta(corpus_dir)
+        self.seq_len = seq_len
+        self.shards = [np.load(Path(corpus_dir) / name, mmap_mode="r") for name in meta["splits"][split]["shards"]]
+        counts = [max((shard.size - 1) // seq_len, 0) for shard in self.shards]
+        self.shard_of = np.repeat(np.arange(len(self.shards)), counts)
+        self.offset_of = np.concatenate([np.arange(n) * seq_len for n in counts]) if counts else np.zeros(0, int)
+        if not len(self):
+            raise FoldmillError(
+                f"{corpus_dir}: the {split} split has no window of {seq_len + 1} tokens; use a shorter seq_len"
+            )
+
+    def __len__(self) -> int:
+        return self.shard_of.size
+
+    def window(self, index: int) -> np.ndarray:
+        start = int(self.offset_of[index])
+        return np.asarray(self.shards[int(self.shard_of[index])][start : start + self.seq_len + 1])
+
+    def batch(self, indices: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.stack([self.window(int(i)) for i in indices]).astype(np.int64))
+
+
+class BatchSampler:
+    """Endless batches of window indices for one process; state_dict() / load_state_dict() resume it."""
+
+    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        self.num_windows, self.batch_size = num_windows, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch, self.position = 0, 0
+        self._order = self._epoch_order()
+
+    def _epoch_order(self) -> np.ndarray:
+        permutation = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)
+        mine = permutation[self.rank :: self.world_size]
+        if not mine.size:
+            raise FoldmillError(f"{self.num_windows} windows cannot feed {self.world_size} processes")
+        return mine
+
+    def next_indices(self) -> np.ndarray:
+        picked: list[np.ndarray] = []
+        needed = self.batch_size
+        while needed:
+            take = self._order[self.position : self.position + needed]
+            picked.append(take)
+            needed -= take.size
+            self.position += take.size
+            if self.position >= self._order.size:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._epoch_order()
+        return np.concatenate(picked)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._epoch_order()

@@ -1,0 +1,29 @@
+"""Expert backends: every backend computes the same SwiGLU expert MLP over tokens grouped by expert.
+
+A backend is an `ExpertGemm` (how one grouped linear layer runs forward, dgrad and wgrad);
+`experts.mlp.grouped_swiglu_experts` chains two of them around the fused SwiGLU.
+"""
+
+from __future__ import annotations
+
+from foldmill.errors import FoldmillError
+from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
+
+BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
+
+
+def get_backend(name: str) -> ExpertGemm:
+    """The expert GEMM backend called `name` (one of BACKENDS)."""
+    if name == "loop":
+        return LoopGemm()
+    if name == "grouped":
+        return GroupedGemm()
+    if name == "fp8_rowwise":
+        from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
+
+        return Fp8RowwiseGemm()
+    if name == "mxfp8":
+        from foldmill.moe.experts.mxfp8 import MXFP8Gemm
+
+        return MXFP8Gemm()
+    raise FoldmillError(f"unknown expert backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,29 @@
+"""Triton kernels for the MoE layer (CUDA only; imported lazily so CPU installs need no Triton).
+
+mx_quant.py        MXFP8 quantizer (bit-exact with quant/mx_reference.py)
+fp8_quant.py       FP8 row-wise quantizer (one pass per row)
+mx_grouped_gemm.py MXFP8 grouped GEMM for Hopper: FP8 MMAs per 32-wide block, scales applied in fp32
+swiglu.py          SwiGLU x routing weight (+ MXFP8 quantization of the output), and its backward
+permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """True where the Triton kernels apply: a CUDA tensor and Triton installed."""
+    return tensor.is_cuda and _triton_installed()
+
+
+def compute_capability(tensor: torch.Tensor) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(tensor.device)

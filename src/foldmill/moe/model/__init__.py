@@ -1,0 +1,1 @@
+"""Mixtral-style decoder: RMSNorm, rotary attention through SDPA, dropless top-k MoE feed-forward."""

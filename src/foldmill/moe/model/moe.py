@@ -1,0 +1,65 @@
+"""The dropless MoE feed-forward block: route, permute by expert, grouped SwiGLU experts, unpermute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from foldmill.moe.config import ModelConfig
+from foldmill.moe.experts import get_backend
+from foldmill.moe.experts.mlp import grouped_swiglu_experts
+from foldmill.moe.experts.routing import permute_tokens, plan_routing, unpermute_tokens
+from foldmill.moe.model.router import TopKRouter
+
+
+@dataclass
+class MoEOutput:
+    hidden: torch.Tensor
+    aux_loss: torch.Tensor
+    load: torch.Tensor  # (num_experts,) fraction of assignments
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The autocast dtype when autocast is on for x's device, else x's own dtype."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+class Experts(nn.Module):
+    """All experts' weights as 3-D tensors (Hugging Face Mixtral's layout and names)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        experts, hidden, ffn = config.num_experts, config.hidden_size, config.ffn_size
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))  # [gate; up]
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.backend = get_backend(config.expert_backend)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x (tokens, H); weights, experts (tokens, top_k) -> (tokens, H)."""
+        dtype = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(dtype)
+            plan = plan_routing(experts, self.gate_up_proj.shape[0], self.backend.pad_multiple)
+            rows, row_probs = permute_tokens(x, weights, plan)
+            out_rows = grouped_swiglu_experts(
+                rows, row_probs, self.gate_up_proj.to(dtype), self.down_proj.to(dtype), plan.group_ends, self.backend
+            )
+            return unpermute_tokens(out_rows, plan)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.router = TopKRouter(config.hidden_size, config.num_experts, config.top_k)
+        self.experts = Experts(config)
+
+    def forward(self, x: torch.Tensor) -> MoEOutput:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        routing = self.router(flat)
+        out = self.experts(flat, routing.weights, routing.experts)
+        return MoEOutput(out.view(shape), routing.aux_loss, routing.load)

@@ -1,0 +1,1 @@
+"""Pretraining: optimizer and schedule, distributed wrapping, checkpoints, metrics, the loop, evaluation."""

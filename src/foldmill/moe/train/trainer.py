@@ -1,0 +1,167 @@
+"""The pretraining loop: data, model, AdamW, clipping, schedule, metrics, evaluation, exact resume.
+
+Run once per process (torchrun starts several for DDP/FSDP2). A run directory holds
+metrics.jsonl, checkpoints/step_*/ and, when training finished, summary.json. Starting again on
+the same directory resumes from the newest checkpoint and reproduces the uninterrupted run exactly
+(same batches, same optimizer state; bit for bit on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from foldmill.errors import CheckpointError
+from foldmill.io.atomic import write_text_atomic
+from foldmill.moe.config import ModelConfig, TrainConfig, model_config
+from foldmill.moe.data.corpus import load_meta
+from foldmill.moe.data.loader import BatchSampler, PackedWindows
+from foldmill.moe.model.decoder import MoEDecoder
+from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
+from foldmill.moe.train.evaluate import evaluate
+from foldmill.moe.train.loss import batch_loss
+from foldmill.moe.train.metrics import MetricsLog, mfu
+from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
+
+log = logging.getLogger(__name__)
+
+
+def build_model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:
+    base = model_config(config.model)
+    return dataclasses.replace(
+        base, vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, config.seq_len),
+        expert_backend=config.expert_backend, aux_loss_coef=config.aux_loss_coef,
+    )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    def __init__(self, corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig, env: Dist | None = None) -> None:
+        self.config = config
+        self.env = env or init_distributed()
+        self.run_dir = Path(run_dir)
+        meta = load_meta(corpus_dir)
+        self.model_config = build_model_config(config, meta["vocab_size"])
+        torch.manual_seed(config.seed)
+        model = MoEDecoder(self.model_config).to(self.env.device)
+        if config.precision == "bf16":
+            model = model.to(torch.bfloat16)
+        self.model = wrap_model(model, config.parallel, self.env)
+        self.optimizer = build_optimizer(self.model, config)
+        self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
+        self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
+        self.sampler = BatchSampler(len(self.train_windows), config.batch_size, config.seed, self.env.rank,
+                                    self.env.world_size)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
+        self.step = 0
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def _state(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "model_config": dataclasses.asdict(self.model_config),
+                "train_config": dataclasses.asdict(self.config)}
+
+    def resume(self) -> bool:
+        """Load the newest checkpoint of this run, if any."""
+        latest = latest_checkpoint(self.checkpoint_root)
+        if latest is None:
+            return False
+        state = load_checkpoint(latest, self.model, self.optimizer)
+        if state["model_config"] != dataclasses.asdict(self.model_config):
+            raise CheckpointError(f"{latest}: written for another model configuration; use a new run directory")
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+        log.info("resumed from %s (step %d)", latest, self.step)
+        return True
+
+    def save(self) -> Path:
+        return save_checkpoint(self.checkpoint_root, self.step, self.model, self.optimizer, self._state(), self.env)
+
+    def validate(self) -> dict[str, float]:
+        return evaluate(self.model, self.val_windows, self.config.batch_size, self.config.eval_batches,
+                        self.config.precision, self.env)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (cross-entropy, grad norm, expert load), on the device."""
+        self.step += 1
+        set_learning_rate(self.optimizer, learning_rate(self.step, self.config))
+        batch = self.train_windows.batch(self.sampler.next_indices()).to(self.env.device, non_blocking=True)
+        loss = batch_loss(self.model, batch, self.config.precision, self.config.aux_loss_coef)
+        loss.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.cross_entropy.detach(), grad_norm.detach(), loss.expert_load
+
+    def fit(self) -> dict:
+        """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
+        config, env = self.config, self.env
+        self.resume()
+        tokens_per_step = config.batch_size * config.seq_len
+        window_losses: list[torch.Tensor] = []
+        last = {"tokens_per_second_per_gpu": float("nan"), "mfu": float("nan")}
+        _synchronize(env.device)
+        started, steps_in_window = time.perf_counter(), 0
+        while self.step < config.steps:
+            cross_entropy, grad_norm, load = self.train_step()
+            window_losses.append(cross_entropy)
+            steps_in_window += 1
+            if self.step % config.log_every == 0 or self.step == config.steps:
+                _synchronize(env.device)
+                elapsed = time.perf_counter() - started
+                rate = steps_in_window * tokens_per_step / elapsed
+                window_loss = all_reduce_sum(torch.stack(window_losses).mean().reshape(1)) / env.world_size
+                last = {
+                    "step": self.step, "loss": float(window_loss),
+                    "lr": learning_rate(self.step, config), "grad_norm": float(grad_norm),
+                    "tokens_per_second_per_gpu": rate,
+                    "mfu": mfu(rate, self.model_config, config.seq_len, config.peak_tflops),
+                    # max expert load x experts: 1.0 is perfectly balanced, per layer
+                    "router_max_load": [round(float(v), 4) for v in load.max(dim=-1).values * load.shape[-1]],
+                }
+                self.metrics.write(last)
+                if env.is_main:
+                    log.info("step %d loss %.4f lr %.2e %.0f tok/s/gpu mfu %.3f", self.step, last["loss"],
+                             last["lr"], rate, last["mfu"])
+                window_losses, steps_in_window = [], 0
+                _synchronize(env.device)
+                started = time.perf_counter()
+            if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
+                self.metrics.write({"step": self.step, **self.validate()})
+            if config.checkpoint_every and self.step % config.checkpoint_every == 0:
+                self.save()
+        checkpoint = latest_checkpoint(self.checkpoint_root)
+        if checkpoint is None or not checkpoint.name.endswith(f"{self.step:08d}"):
+            checkpoint = self.save()
+        validation = self.validate()
+        self.metrics.write({"step": self.step, **validation})
+        summary = {
+            "steps": self.step, "final_train_loss": last.get("loss"), **validation,
+            "tokens_per_second_per_gpu": last["tokens_per_second_per_gpu"], "mfu": last["mfu"],
+            "world_size": env.world_size, "checkpoint": str(checkpoint),
+            "model_config": dataclasses.asdict(self.model_config), "train_config": dataclasses.asdict(config),
+        }
+        if env.is_main:
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def pretrain(corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig) -> dict:
+    return Trainer(corpus_dir, run_dir, config).fit()
+
+
+def model_parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The unwrapped model's parameters (for tests and tools)."""
+    return dict(unwrap(trainer.model).named_parameters())
