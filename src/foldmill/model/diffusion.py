@@ -1,0 +1,301 @@
+"""Structure module: the score model and the EDM sampler (AF3 Algorithms 18-21, Boltz-2 variant).
+
+- DiffusionModule (`structure_module.score_model`): noisy atom coordinates (B*M, N, 3) and
+  the noise level -> coordinate update (B*M, N, 3). Atom encoder -> token transformer
+  (width 2*token_s) -> atom decoder, conditioned on the trunk through SingleConditioning and
+  the precomputed DiffusionConditioningOutput.
+- AtomDiffusion (`structure_module`): EDM preconditioning and the stochastic sampler on a
+  Karras schedule. Every step re-centres and randomly rotates/translates the sample, adds
+  noise, denoises, rigidly aligns the noisy sample onto the denoised one and takes an Euler
+  step. All M samples of all B records share one batched pass; at most
+  `max_parallel_samples` samples go through the score model at once.
+
+Random numbers come from one torch.Generator, drawn in Boltz-2's order (initial noise; per
+step: rotation quaternions, translations, step noise), so a generator seeded like Boltz-2's
+global RNG reproduces its samples. (Boltz-2's trunk also draws unused dropout masks from that
+RNG in eval mode, so it reproduces them when its RNG is seeded as sampling starts.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from foldmill.model.atom_attention import AtomAttentionDecoder, AtomAttentionEncoder
+from foldmill.model.config import Boltz2Config
+from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
+from foldmill.model.diffusion_transformer import DiffusionTransformer
+from foldmill.model.layers.fourier_embedding import FourierEmbedding
+from foldmill.model.layers.transition import Transition
+
+
+class SingleConditioning(nn.Module):
+    """Token conditioning of the score model: trunk s and s_inputs plus Fourier features of the noise level."""
+
+    def __init__(self, token_s: int, dim_fourier: int, num_transitions: int, expansion_factor: int = 2) -> None:
+        super().__init__()
+        width = 2 * token_s
+        self.norm_single = nn.LayerNorm(width)
+        self.single_embed = nn.Linear(width, width)
+        self.fourier_embed = FourierEmbedding(dim_fourier)
+        self.norm_fourier = nn.LayerNorm(dim_fourier)
+        self.fourier_to_single = nn.Linear(dim_fourier, width, bias=False)
+        self.transitions = nn.ModuleList(
+            Transition(dim=width, hidden=expansion_factor * width) for _ in range(num_transitions)
+        )
+
+    def embed_trunk(self, s_trunk: Tensor, s_inputs: Tensor) -> Tensor:
+        """The noise-independent part: (B*M, T, token_s) x 2 -> (B*M, T, 2*token_s)."""
+        return self.single_embed(self.norm_single(torch.cat((s_trunk, s_inputs), dim=-1)))
+
+    def forward(self, times: Tensor, embedded_trunk: Tensor) -> Tensor:
+        """times: (B*M,) scaled noise levels; embedded_trunk from `embed_trunk`."""
+        fourier = self.fourier_to_single(self.norm_fourier(self.fourier_embed(times)))
+        s = fourier[:, None, :] + embedded_trunk
+        for transition in self.transitions:
+            s = transition(s) + s
+        return s
+
+
+class DiffusionModule(nn.Module):
+    """The score network: predicts a coordinate update from scaled noisy coordinates."""
+
+    def __init__(self, config: Boltz2Config) -> None:
+        super().__init__()
+        token_s, atom_s = config.token_s, config.atom_s
+        self.single_conditioner = SingleConditioning(
+            token_s=token_s,
+            dim_fourier=config.dim_fourier,
+            num_transitions=config.conditioning_transition_layers,
+        )
+        self.atom_attention_encoder = AtomAttentionEncoder(
+            atom_s=atom_s,
+            token_s=token_s,
+            atoms_per_window_queries=config.atoms_per_window_queries,
+            atoms_per_window_keys=config.atoms_per_window_keys,
+            atom_encoder_depth=config.diffusion_atom_encoder_depth,
+            atom_encoder_heads=config.diffusion_atom_encoder_heads,
+            structure_prediction=True,
+        )
+        self.s_to_a_linear = nn.Sequential(nn.LayerNorm(2 * token_s), nn.Linear(2 * token_s, 2 * token_s, bias=False))
+        self.token_transformer = DiffusionTransformer(
+            depth=config.token_transformer_depth,
+            heads=config.token_transformer_heads,
+            dim=2 * token_s,
+            dim_single_cond=2 * token_s,
+        )
+        self.a_norm = nn.LayerNorm(2 * token_s)
+        self.atom_attention_decoder = AtomAttentionDecoder(
+            atom_s=atom_s,
+            token_s=token_s,
+            attn_window_queries=config.atoms_per_window_queries,
+            attn_window_keys=config.atoms_per_window_keys,
+            atom_decoder_depth=config.atom_decoder_depth,
+            atom_decoder_heads=config.atom_decoder_heads,
+        )
+
+    def forward(
+        self,
+        r_noisy: Tensor,
+        times: Tensor,
+        embedded_trunk: Tensor,
+        feats: dict[str, Tensor],
+        conditioning: DiffusionConditioningOutput,
+        multiplicity: int,
+    ) -> Tensor:
+        """r_noisy: (B*M, N, 3); times: (B*M,); embedded_trunk: SingleConditioning.embed_trunk of the
+        trunk's s and s_inputs repeated M times. Returns the coordinate update (B*M, N, 3)."""
+        s = self.single_conditioner(times, embedded_trunk)
+        a, q_skip, c_skip = self.atom_attention_encoder(
+            feats=feats,
+            q=conditioning.q.float(),
+            c=conditioning.c.float(),
+            bias=conditioning.atom_enc_bias.float(),
+            r=r_noisy,
+            multiplicity=multiplicity,
+        )
+        a = a + self.s_to_a_linear(s)
+        token_mask = feats["token_pad_mask"].repeat_interleave(multiplicity, 0).float()
+        a = self.token_transformer(
+            a, s=s, bias=conditioning.token_trans_bias.float(), mask=token_mask, multiplicity=multiplicity
+        )
+        a = self.a_norm(a)
+        return self.atom_attention_decoder(
+            a=a,
+            q=q_skip,
+            c=c_skip,
+            bias=conditioning.atom_dec_bias.float(),
+            feats=feats,
+            multiplicity=multiplicity,
+        )
+
+
+def random_rotations(count: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """Uniform random rotation matrices (count, 3, 3) from normalised Gaussian quaternions."""
+    quaternion = torch.randn((count, 4), generator=generator, device=device)
+    norm = torch.sqrt((quaternion * quaternion).sum(1))
+    # Unit quaternion with a non-negative real part.
+    quaternion = quaternion / torch.where(quaternion[:, 0] < 0, -norm, norm)[:, None]
+    r, i, j, k = torch.unbind(quaternion, -1)
+    two_s = 2.0 / (quaternion * quaternion).sum(-1)
+    matrix = torch.stack(
+        (
+            1 - two_s * (j * j + k * k),
+            two_s * (i * j - k * r),
+            two_s * (i * k + j * r),
+            two_s * (i * j + k * r),
+            1 - two_s * (i * i + k * k),
+            two_s * (j * k - i * r),
+            two_s * (i * k - j * r),
+            two_s * (j * k + i * r),
+            1 - two_s * (i * i + j * j),
+        ),
+        -1,
+    )
+    return matrix.reshape(count, 3, 3)
+
+
+def weighted_rigid_align(coords: Tensor, target: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
+    """Rigidly move `coords` (B, N, 3) onto `target` (B, N, 3), minimising the weighted squared
+    distance over masked atoms (weighted Kabsch, AF3 Algorithm 28). Returns moved coords."""
+    weights = (mask * weights).unsqueeze(-1)
+    total = weights.sum(dim=-2, keepdim=True)
+    coords_centroid = (coords * weights).sum(dim=-2, keepdim=True) / total
+    target_centroid = (target * weights).sum(dim=-2, keepdim=True) / total
+    coords_centered = coords - coords_centroid
+    target_centered = target - target_centroid
+
+    covariance = torch.einsum("...ni,...nj->...ij", weights * target_centered, coords_centered)
+    u, _, v_h = torch.linalg.svd(covariance.float())
+    v = v_h.mH
+    rotation = torch.einsum("...ij,...kj->...ik", u, v)
+    # Reflections are not rigid motions: flip the least significant axis if det < 0.
+    reflection_fix = torch.eye(3, dtype=covariance.dtype, device=covariance.device).repeat(*coords.shape[:-2], 1, 1)
+    reflection_fix[..., -1, -1] = torch.det(rotation)
+    rotation = torch.einsum("...ij,...jk,...lk->...il", u, reflection_fix, v).to(coords.dtype)
+    return torch.einsum("...ni,...ji->...nj", coords_centered, rotation) + target_centroid
+
+
+def sample_chunks(batch: int, multiplicity: int, max_parallel: int, device: torch.device) -> list[Tensor]:
+    """Row indices of the (B*M) record-major sample stack, grouped into chunks of at most
+    `max_parallel` samples per record (each chunk holds every record's share, record-major)."""
+    rows = torch.arange(batch * multiplicity, device=device).view(batch, multiplicity)
+    return [rows[:, start : start + max_parallel].reshape(-1) for start in range(0, multiplicity, max_parallel)]
+
+
+class AtomDiffusion(nn.Module):
+    """EDM sampler around the score model (`structure_module` in the checkpoint)."""
+
+    def __init__(self, config: Boltz2Config) -> None:
+        super().__init__()
+        self.score_model = DiffusionModule(config)
+        self.sigma_min = config.sigma_min
+        self.sigma_max = config.sigma_max
+        self.sigma_data = config.sigma_data
+        self.rho = config.rho
+        self.gamma_0 = config.gamma_0
+        self.gamma_min = config.gamma_min
+        self.noise_scale = config.noise_scale
+        self.step_scale = config.step_scale
+        self.alignment_reverse_diff = config.alignment_reverse_diff
+
+    # EDM preconditioning (Karras et al. 2022, Table 1)
+    def c_skip(self, sigma: Tensor) -> Tensor:
+        return (self.sigma_data**2) / (sigma**2 + self.sigma_data**2)
+
+    def c_out(self, sigma: Tensor) -> Tensor:
+        return sigma * self.sigma_data / torch.sqrt(self.sigma_data**2 + sigma**2)
+
+    def c_in(self, sigma: Tensor) -> Tensor:
+        return 1 / torch.sqrt(sigma**2 + self.sigma_data**2)
+
+    def c_noise(self, sigma: Tensor) -> Tensor:
+        return torch.log((sigma / self.sigma_data).clamp(min=1e-20)) * 0.25
+
+    def noise_schedule(self, num_steps: int, device: torch.device) -> Tensor:
+        """Karras schedule: num_steps noise levels from sigma_max to sigma_min (times sigma_data), then 0."""
+        inv_rho = 1 / self.rho
+        steps = torch.arange(num_steps, device=device, dtype=torch.float32)
+        sigmas = (
+            self.sigma_max**inv_rho + steps / (num_steps - 1) * (self.sigma_min**inv_rho - self.sigma_max**inv_rho)
+        ) ** self.rho
+        sigmas = sigmas * self.sigma_data
+        return torch.nn.functional.pad(sigmas, (0, 1), value=0.0)
+
+    def denoise(
+        self,
+        noisy: Tensor,
+        sigma: float,
+        embedded_trunk: Tensor,
+        feats: dict[str, Tensor],
+        conditioning: DiffusionConditioningOutput,
+        multiplicity: int,
+    ) -> Tensor:
+        """Preconditioned score model: noisy coordinates at noise level sigma -> denoised coordinates."""
+        sigma_rows = torch.full((noisy.shape[0],), sigma, device=noisy.device)
+        padded_sigma = sigma_rows[:, None, None]
+        update = self.score_model(
+            r_noisy=self.c_in(padded_sigma) * noisy,
+            times=self.c_noise(sigma_rows),
+            embedded_trunk=embedded_trunk,
+            feats=feats,
+            conditioning=conditioning,
+            multiplicity=multiplicity,
+        )
+        return self.c_skip(padded_sigma) * noisy + self.c_out(padded_sigma) * update
+
+    @torch.no_grad()
+    def sample(
+        self,
+        s_trunk: Tensor,
+        s_inputs: Tensor,
+        feats: dict[str, Tensor],
+        conditioning: DiffusionConditioningOutput,
+        num_sampling_steps: int,
+        multiplicity: int,
+        max_parallel_samples: int,
+        generator: torch.Generator,
+    ) -> Tensor:
+        """Draw `multiplicity` structures per record: (B*M, N, 3), record-major."""
+        atom_mask = feats["atom_pad_mask"].float()
+        batch, device = atom_mask.shape[0], atom_mask.device
+        atom_mask = atom_mask.repeat_interleave(multiplicity, 0)
+        shape = (*atom_mask.shape, 3)
+        chunks = sample_chunks(batch, multiplicity, max_parallel_samples, device)
+
+        # The score model's noise-independent token conditioning, once per chunk size.
+        embedded_trunk = {}
+        for chunk in chunks:
+            size = chunk.numel() // batch
+            if size not in embedded_trunk:
+                embedded_trunk[size] = self.score_model.single_conditioner.embed_trunk(
+                    s_trunk.repeat_interleave(size, 0), s_inputs.repeat_interleave(size, 0)
+                )
+
+        sigmas = self.noise_schedule(num_sampling_steps, device)
+        gammas = torch.where(sigmas > self.gamma_min, self.gamma_0, 0.0)
+        coords = sigmas[0] * torch.randn(shape, generator=generator, device=device)
+
+        for sigma_prev, sigma_next, gamma in zip(sigmas[:-1].tolist(), sigmas[1:].tolist(), gammas[1:].tolist()):
+            rotation = random_rotations(shape[0], generator, device)
+            translation = torch.randn((shape[0], 1, 3), generator=generator, device=device)
+            coords = coords - coords.mean(dim=-2, keepdim=True)  # over all atoms, padding too, as Boltz-2
+            coords = torch.einsum("bmd,bds->bms", coords, rotation) + translation
+
+            t_hat = sigma_prev * (1 + gamma)
+            noise_var = self.noise_scale**2 * (t_hat**2 - sigma_prev**2)
+            noisy = coords + math.sqrt(noise_var) * torch.randn(shape, generator=generator, device=device)
+
+            denoised = torch.zeros_like(noisy)
+            for chunk in chunks:
+                size = chunk.numel() // batch
+                denoised[chunk] = self.denoise(noisy[chunk], t_hat, embedded_trunk[size], feats, conditioning, size)
+
+            if self.alignment_reverse_diff:
+                noisy = weighted_rigid_align(noisy.float(), denoised.float(), atom_mask, atom_mask).to(denoised)
+
+            step = (noisy - denoised) / t_hat
+            coords = noisy + self.step_scale * (sigma_next - t_hat) * step
+        return coords
