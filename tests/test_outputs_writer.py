@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from foldmill.errors import FoldmillError
-from foldmill.outputs.confidence import SCALAR_KEYS, interface_pae
+from foldmill.outputs.confidence import interface_pae
+from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.layout import chain_layout
 from foldmill.outputs.synthetic import synthetic_prediction
 from foldmill.outputs.validation import InvalidPrediction
@@ -72,9 +73,9 @@ def test_confidence_json_has_boltz_fields_and_values(prediction, written):
     n_chains = len(CHAINS)
     for rank, sample in enumerate(ranked(prediction)):
         data = json.loads((written / f"confidence_cx1_model_{rank}.json").read_text())
-        assert list(data) == [*SCALAR_KEYS, "chains_ptm", "pair_chains_iptm"]
+        assert list(data) == [*CONFIDENCE_SCALARS, "chains_ptm", "pair_chains_iptm"]
         assert data["confidence_score"] == pytest.approx(float(prediction.confidence_score[sample]), abs=0)
-        for key in SCALAR_KEYS[1:]:
+        for key in CONFIDENCE_SCALARS[1:]:
             assert data[key] == float(getattr(prediction, key)[sample]), key
         assert data["chains_ptm"] == {str(i): float(prediction.chains_ptm[sample, i]) for i in range(n_chains)}
         assert list(data["pair_chains_iptm"]) == [str(i) for i in range(n_chains)]

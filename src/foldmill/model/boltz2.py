@@ -43,19 +43,7 @@ from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.msa_module import MSAModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.template_module import TemplateV2Module
-
-# Per-sample scalar confidence outputs, as Boltz-2 names them.
-CONFIDENCE_SCALARS = (
-    "ptm",
-    "iptm",
-    "ligand_iptm",
-    "protein_iptm",
-    "complex_plddt",
-    "complex_iplddt",
-    "complex_pde",
-    "complex_ipde",
-    "confidence_score",
-)
+from foldmill.outputs.prediction import CONFIDENCE_SCALARS  # per-sample scalars, the writers' names
 
 
 @dataclass

@@ -10,19 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from foldmill.outputs.layout import Chain
-from foldmill.outputs.prediction import Prediction
+from foldmill.outputs.prediction import CONFIDENCE_SCALARS, Prediction
 
-SCALAR_KEYS = (
-    "confidence_score",
-    "ptm",
-    "iptm",
-    "ligand_iptm",
-    "protein_iptm",
-    "complex_plddt",
-    "complex_iplddt",
-    "complex_pde",
-    "complex_ipde",
-)
 # Token pairs from different chains closer than this (representative atoms) form the interface.
 INTERFACE_CUTOFF = 8.0
 # Representative atom of a polymer token: CB (CA for glycine) for amino acids, C1' for nucleotides.
@@ -32,7 +21,7 @@ REPRESENTATIVE_ATOMS = ("CB", "CA", "C1'")
 def confidence_summary(prediction: Prediction, sample: int) -> dict[str, object]:
     """Boltz's confidence_<id>_model_<rank>.json content for one sample."""
     summary: dict[str, object] = {"confidence_score": float(prediction.confidence_score[sample])}
-    for key in SCALAR_KEYS[1:]:
+    for key in CONFIDENCE_SCALARS[1:]:
         summary[key] = float(getattr(prediction, key)[sample])
     chains_ptm = np.asarray(prediction.chains_ptm[sample], dtype=np.float64)
     pair = np.asarray(prediction.pair_chains_iptm[sample], dtype=np.float64)

@@ -12,6 +12,20 @@ from typing import Any
 import numpy as np
 
 
+# Per-sample scalar confidences, named and ordered as Boltz writes them in its confidence JSON.
+CONFIDENCE_SCALARS = (
+    "confidence_score",
+    "ptm",
+    "iptm",
+    "ligand_iptm",
+    "protein_iptm",
+    "complex_plddt",
+    "complex_iplddt",
+    "complex_pde",
+    "complex_ipde",
+)
+
+
 @dataclass
 class AtomSite:
     """Per-atom identity, aligned with the atom axis of `Prediction.coords`."""

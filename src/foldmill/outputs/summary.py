@@ -22,7 +22,7 @@ import pandas as pd
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.targets import Target
-from foldmill.outputs.confidence import SCALAR_KEYS
+from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ SUMMARY_COLUMNS = [
     "n_tokens",
     "chain_lengths",  # "A:120,B:120,C:1" (residues; a ligand counts one)
     "composition",  # "protein:2,ligand:1"
-    *SCALAR_KEYS,
+    *CONFIDENCE_SCALARS,
     "chains_ptm",  # "A:0.81,B:0.77"
     "min_chain_ptm",  # lowest pTM of a polymer chain
     "min_pair_iptm",  # lowest / mean ipTM over ordered pairs of different chains
@@ -60,7 +60,7 @@ TEXT_COLUMNS = {
     "best_model", "model", "seed", "replica", "prediction_dir",
 }  # fmt: skip
 COUNT_COLUMNS = {"n_chains", "n_residues", "n_tokens", "interface_contacts", "n_models"}
-METRIC_COLUMNS = [*SCALAR_KEYS, "min_chain_ptm", "min_pair_iptm", "mean_pair_iptm", "interface_pae"]
+METRIC_COLUMNS = [*CONFIDENCE_SCALARS, "min_chain_ptm", "min_pair_iptm", "mean_pair_iptm", "interface_pae"]
 
 
 def read_fold_table(path: str | Path) -> pd.DataFrame:
@@ -150,7 +150,7 @@ def prediction_metrics(directory: Path, target_id: str) -> dict[str, object]:
         for second, value in inner.items()
         if first != second
     ]
-    metrics: dict[str, object] = {key: _round(confidence[key]) for key in SCALAR_KEYS}
+    metrics: dict[str, object] = {key: _round(confidence[key]) for key in CONFIDENCE_SCALARS}
     metrics.update(
         chains_ptm=",".join(f"{chain}:{value:.4f}" for chain, value in chain_ptm.items()),
         min_chain_ptm=_round(min(polymer_ptm)) if polymer_ptm else np.nan,

@@ -10,13 +10,13 @@ import numpy as np
 
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.targets import ENTITY_TYPES, check_safe_id
-from foldmill.outputs.confidence import SCALAR_KEYS
+from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.prediction import Prediction
 
 # Boltz's per-sample scalars (confidence_score is derived): distance errors in Angstrom (>= 0),
 # the other scores in [0, 1].
 DISTANCE_FIELDS = ("complex_pde", "complex_ipde")
-SCORE_FIELDS = tuple(key for key in SCALAR_KEYS if key not in (*DISTANCE_FIELDS, "confidence_score"))
+SCORE_FIELDS = tuple(key for key in CONFIDENCE_SCALARS if key not in (*DISTANCE_FIELDS, "confidence_score"))
 ATOM_FIELDS = ("chain_ids", "entity_types", "residue_numbers", "residue_names", "atom_names", "elements", "token_index")
 
 
