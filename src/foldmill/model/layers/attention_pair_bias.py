@@ -7,14 +7,17 @@ With compute_pair_bias=True (trunk, confidence) z is the pair representation
 bias is shared by the `multiplicity` samples stacked in s.
 
 `attention_with_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
-apart so a fused kernel can replace it. Parameter names (proj_q/k/v/g/o, proj_z.0 the
-LayerNorm, proj_z.1 the bias projection) match the Boltz-2 checkpoint.
+apart so a kernel can replace it: the module calls it through the kernel registry
+(foldmill.kernels). Parameter names (proj_q/k/v/g/o, proj_z.0 the LayerNorm, proj_z.1 the
+bias projection) match the Boltz-2 checkpoint.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from foldmill import kernels
 
 
 def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
@@ -67,5 +70,5 @@ class AttentionPairBias(nn.Module):
         bias = self.proj_z(z) if self.compute_pair_bias else z
         bias = bias.movedim(-1, 1).repeat_interleave(multiplicity, 0)  # heads first
         gate = self.proj_g(s).sigmoid()
-        out = attention_with_pair_bias(q, k, v, bias, mask, self.inf)
+        out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, self.inf)
         return self.proj_o(gate * out.reshape(batch, -1, self.c_s))

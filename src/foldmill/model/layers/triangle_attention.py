@@ -6,8 +6,8 @@ same op on the transposed pair tensor.
 
 `triangle_attention_core` is the O(N^3) attention with the cuEquivariance op's arguments
 (q, k, v (B, N, H, N, D), bias (B, 1, H, N, N), boolean mask (B, N, 1, 1, N), scale), so a
-kernel can replace it. Parameter names (layer_norm, linear, mha.linear_{q,k,v,g,o})
-match the Boltz-2 checkpoint.
+kernel can replace it: GatedAttention calls it through the kernel registry (foldmill.kernels).
+Parameter names (layer_norm, linear, mha.linear_{q,k,v,g,o}) match the Boltz-2 checkpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 
 import torch
 from torch import Tensor, nn
+
+from foldmill import kernels
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
@@ -63,8 +65,15 @@ class GatedAttention(nn.Module):
         # Rows are independent, so chunking over them only bounds the logits' memory.
         out = torch.cat(
             [
-                triangle_attention_core(
-                    q[:, i : i + step], k[:, i : i + step], v[:, i : i + step], bias, mask[:, i : i + step], scale
+                kernels.dispatch(
+                    "triangle_attention",
+                    triangle_attention_core,
+                    q[:, i : i + step],
+                    k[:, i : i + step],
+                    v[:, i : i + step],
+                    bias,
+                    mask[:, i : i + step],
+                    scale,
                 )
                 for i in range(0, rows, step)
             ],

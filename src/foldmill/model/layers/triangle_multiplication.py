@@ -4,8 +4,9 @@ Input z (B, N, N, D) and pair mask (B, N, N) -> update (B, N, N, D) (the caller 
 
 The whole op is the plain function `triangle_multiplicative_update`, with the same
 arguments as cuEquivariance's fused op, so a kernel can replace it one-for-one; its
-O(N^3) core is `triangle_product`. Parameter names (norm_in, p_in, g_in, norm_out, p_out,
-g_out) match the Boltz-2 checkpoint.
+O(N^3) core is `triangle_product`. The modules call it through the kernel registry
+(foldmill.kernels), which may run cuEquivariance's fused op instead. Parameter names
+(norm_in, p_in, g_in, norm_out, p_out, g_out) match the Boltz-2 checkpoint.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from foldmill import kernels
 
 Direction = Literal["outgoing", "incoming"]
 
@@ -67,7 +70,9 @@ class _TriangleMultiplication(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x: (B, N, N, D), mask: (B, N, N) -> (B, N, N, D)."""
-        return triangle_multiplicative_update(
+        return kernels.dispatch(
+            "triangle_multiplication",
+            triangle_multiplicative_update,
             x,
             self.direction,
             mask,

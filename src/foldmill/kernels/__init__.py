@@ -1,0 +1,34 @@
+"""Kernel selection for the Boltz-2 model's hot ops (see foldmill.kernels.registry).
+
+    from foldmill import kernels
+    out = kernels.dispatch("triangle_attention", triangle_attention_core, q, k, v, bias, mask, scale)
+    with kernels.kernel_policy(enabled=False): ...          # the plain PyTorch reference everywhere
+    with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...
+
+Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels.sdpa) and the
+reference; the choice per GPU architecture, dtype and size comes from a measured crossover
+table (crossover_sm90.json; foldmill.kernels.measure re-measures it).
+"""
+
+from foldmill.kernels import ops  # noqa: F401 - registers the ops and their backends
+from foldmill.kernels.registry import (
+    REFERENCE,
+    backend_names,
+    chosen_counts,
+    dispatch,
+    kernel_policy,
+    reset_counts,
+    retired_backends,
+    select,
+)
+
+__all__ = [
+    "REFERENCE",
+    "backend_names",
+    "chosen_counts",
+    "dispatch",
+    "kernel_policy",
+    "reset_counts",
+    "retired_backends",
+    "select",
+]

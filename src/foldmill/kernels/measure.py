@@ -1,0 +1,137 @@
+"""Measure a crossover table on this GPU: every backend of every routed op, at Boltz-2's shapes, in bf16.
+
+Shapes: triangle multiplication on a (1, N, N, 128) pair; triangle attention core with 4 heads
+x 32 over all N rows (the cuEquivariance layout); pair-biased attention with the trunk's 16
+heads x 24 over N tokens. Each backend runs through `kernels.dispatch` with the backend forced,
+so what is timed is what the model runs. Median of `repeats` CUDA-event timings after warm-up.
+Also records each backend's relative error against the fp32 reference on the same inputs.
+`foldmill bench kernels` writes the result as crossover_<arch>.json; point
+FOLDMILL_CROSSOVER_DIR at its directory to use it, or copy it into foldmill/kernels/.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from foldmill import kernels
+from foldmill.kernels.crossover import table_from_timings
+
+SIZES = (128, 256, 384, 512, 768, 1024)
+
+
+def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def relative_error(value: Tensor, reference: Tensor) -> float:
+    return float((value.double() - reference.double()).norm() / reference.double().norm().clamp(min=1e-30))
+
+
+def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[], Tensor], Callable[[], Tensor]]]:
+    """op -> (run in bf16 through the registry, fp32 reference on the same inputs)."""
+    from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
+    from foldmill.model.layers.triangle_attention import triangle_attention_core
+    from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
+
+    n, bf16 = num_tokens, torch.bfloat16
+    generator = torch.Generator(device=device).manual_seed(num_tokens)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    trimul = TriangleMultiplicationOutgoing(128).to(device).eval()
+    for parameter in trimul.parameters():
+        parameter.data = randn(*parameter.shape) / (parameter.shape[-1] ** 0.5 if parameter.dim() > 1 else 1)
+    pair, pair_mask = randn(1, n, n, 128), torch.ones(1, n, n, device=device)
+
+    def trimul_bf16() -> Tensor:
+        with torch.autocast("cuda", dtype=bf16):
+            return trimul(pair.to(bf16), pair_mask)
+
+    q, k, v = (randn(1, n, 4, n, 32) for _ in range(3))
+    tri_bias, tri_mask = randn(1, 1, 4, n, n), torch.ones(1, n, 1, 1, n, dtype=torch.bool, device=device)
+    scale = 1 / math.sqrt(32)
+
+    def tri_attention(dtype: torch.dtype) -> Callable[[], Tensor]:
+        args = (q.to(dtype), k.to(dtype), v.to(dtype), tri_bias.to(dtype), tri_mask, scale)
+        return lambda: kernels.dispatch("triangle_attention", triangle_attention_core, *args)
+
+    sq, sk, sv = (randn(1, n, 16, 24) for _ in range(3))
+    s_bias, s_mask = randn(1, 16, n, n), torch.ones(1, n, device=device)
+
+    def pair_bias_attention(dtype: torch.dtype) -> Callable[[], Tensor]:
+        args = (sq.to(dtype), sk.to(dtype), sv.to(dtype), s_bias.to(dtype), s_mask, 1e6)
+        return lambda: kernels.dispatch("attention_pair_bias", attention_with_pair_bias, *args)
+
+    def reference(fn: Callable[[], Tensor]) -> Callable[[], Tensor]:
+        def run() -> Tensor:
+            with kernels.kernel_policy(enabled=False):
+                return fn()
+
+        return run
+
+    return {
+        "triangle_multiplication": (trimul_bf16, reference(lambda: trimul(pair, pair_mask))),
+        "triangle_attention": (tri_attention(bf16), reference(tri_attention(torch.float32))),
+        "attention_pair_bias": (pair_bias_attention(bf16), reference(pair_bias_attention(torch.float32))),
+    }
+
+
+def measure(sizes: tuple[int, ...] = SIZES, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Time every backend per op and size; returns the crossover table (see foldmill.kernels.crossover)."""
+    device = torch.device("cuda")
+    major, minor = torch.cuda.get_device_capability(device)
+    timings: dict[str, dict[str, dict[str, float]]] = {}
+    errors: dict[str, dict[str, dict[str, float]]] = {}
+    for n in sizes:
+        for op, (run_bf16, run_reference) in _cases(n, device).items():
+            expected = run_reference()
+            for backend in kernels.backend_names(op):
+                with kernels.kernel_policy(force={op: backend}):
+                    try:
+                        if kernels.select(op, torch.empty(0, device=device, dtype=torch.bfloat16), n) != backend:
+                            continue  # not available here
+                        with torch.autocast("cuda", dtype=torch.bfloat16):
+                            out = run_bf16()
+                        milliseconds = time_ms(run_bf16, repeats)
+                    except torch.OutOfMemoryError:
+                        torch.cuda.empty_cache()
+                        log(f"{op} {backend} N={n}: out of memory")
+                        continue
+                timings.setdefault(op, {}).setdefault(backend, {})[str(n)] = round(milliseconds, 4)
+                errors.setdefault(op, {}).setdefault(backend, {})[str(n)] = relative_error(out, expected)
+                log(
+                    f"{op:24s} {backend:10s} N={n:5d} {milliseconds:9.3f} ms  rel.err {errors[op][backend][str(n)]:.2e}"
+                )
+            del expected
+        torch.cuda.empty_cache()
+    ops = {op: {"bfloat16": table_from_timings(per_backend)} for op, per_backend in timings.items()}
+    for per_dtype in ops.values():
+        for row in per_dtype["bfloat16"]:
+            row["order"] += [name for name in ("reference",) if name not in row["order"]]
+    return {
+        "arch": f"sm_{major}{minor}",
+        "device": torch.cuda.get_device_name(device),
+        "measured": f"{datetime.date.today()}, torch {torch.__version__}, repeats {repeats} (median)",
+        "ops": ops,
+        "timings_ms": {op: {"bfloat16": per_backend} for op, per_backend in timings.items()},
+        "relative_error_vs_fp32_reference": errors,
+    }

@@ -1,0 +1,208 @@
+"""Per-call choice among the implementations ("backends") of the model's hot ops.
+
+An op has a plain PyTorch reference (the function in foldmill.model.layers) and optional
+backends with the reference's exact signature. `dispatch(op, reference, *args)` picks one
+from the device, the compute dtype (the autocast dtype when autocast is on) and the number
+of tokens, then calls it:
+
+- CPU (or kernels disabled by `kernel_policy(enabled=False)`): the reference, always;
+- CUDA: the backend order of the crossover table measured for that GPU architecture
+  (`crossover_sm90.json`, see foldmill.kernels.crossover) at the nearest measured size; the
+  first available backend in that order runs. Without a table for the architecture, a
+  conservative default order is used (DEFAULT_ORDERS).
+
+A backend that turns out to be unusable at run time (its ops library missing, "Not
+Supported") is retired for the process with one warning and the next one runs; any other
+error propagates. `kernel_policy(force={op: backend})` pins a backend (tests, benchmarks).
+`chosen_counts()` tells which backend served how many calls.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from foldmill.kernels import crossover
+
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of an op: runs on `devices` for `dtypes` when `available()` says so."""
+
+    name: str
+    fn: Callable[..., Tensor]
+    devices: frozenset[str]
+    dtypes: frozenset[torch.dtype]
+    available: Callable[[], bool] = lambda: True
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to read the token count off an op's arguments, and its non-reference backends."""
+
+    tokens: Callable[..., int]
+    backends: tuple[Backend, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    enabled: bool = True
+    force: Mapping[str, str] = field(default_factory=dict)
+
+
+_DEFAULT_POLICY = KernelPolicy()
+_policy: ContextVar[KernelPolicy] = ContextVar("foldmill_kernel_policy", default=_DEFAULT_POLICY)
+_ops: dict[str, OpSpec] = {}
+_retired: dict[tuple[str, str], str] = {}  # (op, backend) -> why it was retired
+_choices: dict[tuple, tuple[str, ...]] = {}
+_counts: Counter[tuple[str, str]] = Counter()
+
+# Backend order per op and compute dtype when no measured table exists for the GPU.
+# Conservative: cuEquivariance's triangle attention wins at every measured size on sm_90,
+# its triangle multiplication only from ~512 tokens, so it is left out by default.
+DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
+    "triangle_multiplication": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
+    "triangle_attention": {
+        "bfloat16": ["cueq", "sdpa", REFERENCE],
+        "float16": ["cueq", "sdpa", REFERENCE],
+        "float32": ["sdpa", REFERENCE],
+    },
+    "attention_pair_bias": {
+        "bfloat16": ["sdpa", REFERENCE],
+        "float16": ["sdpa", REFERENCE],
+        "float32": ["sdpa", REFERENCE],
+    },
+}
+
+
+def register_op(name: str, spec: OpSpec) -> None:
+    _ops[name] = spec
+    _choices.clear()
+
+
+def backend_names(op: str) -> list[str]:
+    return [REFERENCE, *(backend.name for backend in _ops[op].backends)]
+
+
+@contextmanager
+def kernel_policy(enabled: bool = True, force: Mapping[str, str] | None = None) -> Iterator[KernelPolicy]:
+    """Within the block, kernels are on/off; `force` pins backends by op name."""
+    for op, name in (force or {}).items():
+        if op not in _ops or name not in backend_names(op):
+            raise ValueError(f"unknown op/backend {op}/{name}; known: { {o: backend_names(o) for o in _ops} }")
+    policy = KernelPolicy(enabled, dict(force or {}))
+    token = _policy.set(policy)
+    try:
+        yield policy
+    finally:
+        _policy.reset(token)
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype matrix products of `x` run in: the autocast dtype if autocast is on for its device."""
+    device_type = x.device.type
+    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _usable(op: str, backend: Backend, device_type: str, dtype: torch.dtype) -> bool:
+    return (
+        device_type in backend.devices
+        and dtype in backend.dtypes
+        and (op, backend.name) not in _retired
+        and backend.available()
+    )
+
+
+def candidate_order(
+    op: str, device_type: str, arch: str | None, dtype: torch.dtype, num_tokens: int, policy: KernelPolicy
+) -> list[str]:
+    """Backends to try in order, before availability is checked (the reference always ends the list)."""
+    if op in policy.force:
+        order = [policy.force[op]]
+    elif not policy.enabled or device_type != "cuda":
+        order = []
+    else:
+        dtype_name = str(dtype).removeprefix("torch.")
+        order = crossover.order(arch, op, dtype_name, num_tokens) if arch else None
+        if order is None:
+            order = DEFAULT_ORDERS.get(op, {}).get(dtype_name, [])
+    return list(order) if REFERENCE in order else [*order, REFERENCE]
+
+
+def select(op: str, x: Tensor, num_tokens: int) -> str:
+    """Name of the backend that runs `op` for an input like `x` with `num_tokens` tokens."""
+    policy = _policy.get()
+    dtype = compute_dtype(x)
+    device_type = x.device.type
+    key = (op, device_type, x.device.index, dtype, num_tokens, policy.enabled, tuple(sorted(policy.force.items())))
+    cached = _choices.get(key)  # cleared whenever a backend is retired
+    if cached is not None:
+        return cached[0]
+    backends = {backend.name: backend for backend in _ops[op].backends}
+    arch = _arch(x.device) if device_type == "cuda" else None
+    order = candidate_order(op, device_type, arch, dtype, num_tokens, policy)
+    usable = tuple(
+        name
+        for name in order
+        if name == REFERENCE or (name in backends and _usable(op, backends[name], device_type, dtype))
+    )
+    _choices[key] = usable  # never empty: the order ends with the reference
+    return usable[0]
+
+
+def _retire(op: str, name: str, error: BaseException) -> None:
+    _retired[(op, name)] = f"{type(error).__name__}: {error}"
+    _choices.clear()
+    warnings.warn(f"kernel {op}/{name} unavailable, falling back: {_retired[(op, name)]}", RuntimeWarning, stacklevel=3)
+
+
+def _recoverable(error: BaseException) -> bool:
+    """Errors that mean "this backend cannot run here", not "this call is wrong"."""
+    return isinstance(error, ImportError) or "Not Supported" in str(error) or "Failed to import" in str(error)
+
+
+def dispatch(op: str, reference: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
+    """Run `op` through the selected backend (same arguments as `reference`)."""
+    spec = _ops[op]
+    while True:
+        name = select(op, args[0], spec.tokens(*args, **kwargs))
+        _counts[(op, name)] += 1
+        if name == REFERENCE:
+            return reference(*args, **kwargs)
+        backend = next(backend for backend in spec.backends if backend.name == name)
+        try:
+            return backend.fn(*args, **kwargs)
+        except Exception as error:  # only "cannot run here" errors are absorbed
+            if not _recoverable(error):
+                raise
+            _retire(op, name, error)
+
+
+def chosen_counts() -> dict[str, int]:
+    """Calls served so far, keyed "op/backend" (reset with `reset_counts`)."""
+    return {f"{op}/{name}": count for (op, name), count in sorted(_counts.items())}
+
+
+def reset_counts() -> None:
+    _counts.clear()
+
+
+def retired_backends() -> dict[str, str]:
+    return {f"{op}/{name}": why for (op, name), why in _retired.items()}
