@@ -30,6 +30,7 @@ import pytest
 import torch
 import yaml
 
+from foldmill.bench._oss_reference import oss_hyperparameters
 from foldmill.model.config import Boltz2Config
 from foldmill.model.demo import randomize_weights
 
@@ -257,99 +258,6 @@ def _write_yaml(path: Path, sequences: list[dict], templates: list[dict] | None 
         spec["templates"] = templates
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-def oss_hyperparameters(config: Boltz2Config) -> dict[str, Any]:
-    """Keyword arguments of OSS `Boltz2(...)` for a foldmill config (Boltz-2's released flags)."""
-    c = config
-    pairwise = {"pairwise_head_width": c.pairwise_head_width, "pairwise_num_heads": c.pairwise_num_heads}
-    return dict(
-        atom_s=c.atom_s,
-        atom_z=c.atom_z,
-        token_s=c.token_s,
-        token_z=c.token_z,
-        num_bins=c.num_bins,
-        atom_feature_dim=c.atom_feature_dim,
-        atoms_per_window_queries=c.atoms_per_window_queries,
-        atoms_per_window_keys=c.atoms_per_window_keys,
-        training_args={},
-        validation_args={},
-        diffusion_loss_args={},
-        embedder_args=dict(
-            atom_encoder_depth=c.embedder_atom_encoder_depth,
-            atom_encoder_heads=c.embedder_atom_encoder_heads,
-            add_mol_type_feat=True,
-            add_method_conditioning=True,
-            add_modified_flag=True,
-            add_cyclic_flag=True,
-        ),
-        msa_args=dict(
-            msa_s=c.msa_s,
-            msa_blocks=c.msa_blocks,
-            msa_dropout=0.0,
-            z_dropout=0.0,
-            pairwise_head_width=c.msa_pairwise_head_width,
-            pairwise_num_heads=c.msa_pairwise_num_heads,
-            use_paired_feature=c.msa_use_paired_feature,
-        ),
-        pairformer_args=dict(
-            num_blocks=c.pairformer_blocks, num_heads=c.pairformer_heads, dropout=0.0, v2=True, **pairwise
-        ),
-        template_args=dict(template_dim=c.template_dim, template_blocks=c.template_blocks, **pairwise),
-        score_model_args=dict(
-            sigma_data=c.sigma_data,
-            dim_fourier=c.dim_fourier,
-            atom_encoder_depth=c.diffusion_atom_encoder_depth,
-            atom_encoder_heads=c.diffusion_atom_encoder_heads,
-            token_transformer_depth=c.token_transformer_depth,
-            token_transformer_heads=c.token_transformer_heads,
-            atom_decoder_depth=c.atom_decoder_depth,
-            atom_decoder_heads=c.atom_decoder_heads,
-            conditioning_transition_layers=c.conditioning_transition_layers,
-        ),
-        diffusion_process_args=dict(
-            sigma_min=c.sigma_min,
-            sigma_max=c.sigma_max,
-            sigma_data=c.sigma_data,
-            rho=c.rho,
-            gamma_0=c.gamma_0,
-            gamma_min=c.gamma_min,
-            noise_scale=c.noise_scale,
-            step_scale=c.step_scale,
-            alignment_reverse_diff=c.alignment_reverse_diff,
-        ),
-        confidence_model_args=dict(
-            pairformer_args=dict(
-                num_blocks=c.confidence_pairformer_blocks,
-                num_heads=c.confidence_pairformer_heads,
-                dropout=0.0,
-                v2=True,
-                **pairwise,
-            ),
-            num_dist_bins=c.confidence_num_dist_bins,
-            max_dist=c.confidence_max_dist,
-            add_s_to_z_prod=True,
-            add_s_input_to_s=True,
-            add_z_input_to_z=True,
-            confidence_args=dict(
-                num_plddt_bins=c.num_plddt_bins,
-                num_pde_bins=c.num_pde_bins,
-                num_pae_bins=c.num_pae_bins,
-                use_separate_heads=c.confidence_separate_heads,
-            ),
-        ),
-        conditioning_cutoff_min=c.conditioning_cutoff_min,
-        conditioning_cutoff_max=c.conditioning_cutoff_max,
-        validate_structure=False,
-        fix_sym_check=True,
-        cyclic_pos_enc=True,
-        bond_type_feature=True,
-        use_templates=c.use_templates,
-        use_templates_v2=True,
-        predict_bfactor=c.predict_bfactor,
-        alpha_pae=1.0,
-        use_kernels=False,
-    )
 
 
 def oss_model(config: Boltz2Config, seed: int = 0) -> Any:

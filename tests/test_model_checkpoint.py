@@ -22,7 +22,7 @@ from foldmill.model.demo import demo_model
 
 SMALL = Boltz2Config.small()
 # OSS boltz-community 2.13.0 Boltz2 built with the released hyperparameters (see
-# tests/oss_oracle.py:oss_hyperparameters): 5,102 state_dict tensors, 521,047,871 values.
+# foldmill.bench._oss_reference.oss_hyperparameters): 5,102 state_dict tensors, 521,047,871 values.
 RELEASED_TENSORS = 5102
 RELEASED_VALUES = 521_047_871
 

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
+from foldmill.runtime.timing import cuda_median_ms
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,22 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.set_defaults(handler=run)
-
-
-def time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() over `repeats` runs after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> None:
@@ -94,7 +78,7 @@ def bench_gemm(repeats: int, peak: float) -> list[dict]:
 
         def record(name: str, fn: Callable[[], object], **extra: object) -> None:
             def measure() -> dict:
-                ms = time_cuda(fn, repeats)
+                ms = cuda_median_ms(fn, repeats)
                 return {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1), **extra}
 
             _guarded(results, {"section": "gemm", "shape": shape, "variant": name}, measure)
@@ -183,7 +167,7 @@ def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak
 
     def row(name: str, fn: Callable[[], None]) -> None:
         def measure() -> dict:
-            ms = time_cuda(fn, repeats)
+            ms = cuda_median_ms(fn, repeats)
             return {"ms": round(ms, 3), "tokens_per_s": round(tokens / ms * 1e3), "tflops": round(flops / ms / 1e9, 1),
                     "mfu": round(flops / ms / 1e9 / peak, 3)}
 
@@ -257,7 +241,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]]) -> None:
         def measure() -> dict:
             model, hf = build()
-            ms = time_cuda(train_step_fn(model, hf), repeats, warmup=3)
+            ms = cuda_median_ms(train_step_fn(model, hf), repeats, warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
                     "mfu": round(flops / ms / 1e9 / peak, 3)}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -22,23 +21,9 @@ from torch import Tensor
 
 from foldmill import kernels
 from foldmill.kernels.crossover import table_from_timings
+from foldmill.runtime.timing import cuda_median_ms
 
 SIZES = (128, 256, 384, 512, 768, 1024)
-
-
-def time_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def relative_error(value: Tensor, reference: Tensor) -> float:
@@ -111,7 +96,7 @@ def measure(sizes: tuple[int, ...] = SIZES, repeats: int = 10, log: Callable[[st
                             continue  # not available here
                         with torch.autocast("cuda", dtype=torch.bfloat16):
                             out = run_bf16()
-                        milliseconds = time_ms(run_bf16, repeats)
+                        milliseconds = cuda_median_ms(run_bf16, repeats, warmup=2)
                     except torch.OutOfMemoryError:
                         torch.cuda.empty_cache()
                         log(f"{op} {backend} N={n}: out of memory")
