@@ -5,7 +5,12 @@ MOE = config["moe"]
 MOE_DIR = OUTDIR / "moe"
 # TrainConfig fields taken from the config's moe section (the rest keep their defaults).
 MOE_TRAIN_KEYS = ("model", "expert_backend", "steps", "batch_size", "seq_len", "lr", "warmup_steps", "precision",
-                  "parallel", "checkpoint_every", "eval_batches", "log_every", "seed", "aux_loss_coef")
+                  "parallel", "expert_parallel", "checkpoint_every", "eval_batches", "log_every", "seed",
+                  "aux_loss_coef")
+# One node: `gpu` GPUs (sbatch --gpus). Several nodes: gres gpu:N per node instead (--gpus counts the whole job).
+MOE_NODES = MOE["nodes"]
+MOE_GPU = MOE["gpus"] if MOE_NODES == 1 else 0
+MOE_GRES = "" if MOE_NODES == 1 else f"gpu:{MOE['gpus']}"
 
 
 rule moe_prepare_corpus:
@@ -34,9 +39,12 @@ rule moe_pretrain:
         train={key: MOE[key] for key in MOE_TRAIN_KEYS},
         run_dir=MOE_DIR / "run",
         gpus=MOE["gpus"],
-    threads: max(MOE["gpus"], 1) * MOE["cpus_per_gpu"]
+        nodes=MOE_NODES,
+    threads: max(MOE["gpus"], 1) * MOE["cpus_per_gpu"]  # per node
     resources:
-        gpu=MOE["gpus"],
+        gpu=MOE_GPU,
+        gres=MOE_GRES,
+        nodes=MOE_NODES,
         runtime=MOE["runtime_minutes"],
         mem_mb=MOE["mem_mb"],
     log:

@@ -1,23 +1,55 @@
-# Shards: the worklist split by token budget; each shard is one GPU `fold` job.
+# Shards: the worklist split by token budget; each shard is one GPU `fold` job
+# (src/foldmill/runtime/sharding.py). The shard_* names below size a shard's job; rule fold uses
+#     resources: gpu=shard_gpu, gres=shard_gres, nodes=shard_nodes, mem_mb=shard_mem_mb, runtime=shard_runtime
+# One node: `gpu` GPUs (sbatch --gpus). Several nodes: `gres` gpu:N per node instead, since --gpus
+# counts GPUs across the whole job. Memory and runtime follow the shard's tokens and grow with
+# the attempt, so a job that ran out of either is retried with more.
+from foldmill.runtime.sharding import JobSizing, job_resources, read_manifest
 
-
-checkpoint shards:
-    input:
-        rules.worklist.output.tsv,
-    output:
-        directory(OUTDIR / "shards"),
-    params:
-        tokens_per_shard=config["sharding"]["tokens_per_shard"],
-        max_shards=config["sharding"]["max_shards"],
-    log:
-        LOGDIR / "shards.log",
-    conda:
-        env_path("foldmill.yaml")
-    script:
-        script_path("shards.py")
+SLURM = config["slurm"]
+SHARD_DIR = OUTDIR / "shards"
+JOB_SIZING = JobSizing.from_config(SLURM)
+shard_nodes = SLURM["nodes_per_fold_job"]
+shard_gpu = SLURM["gpus_per_node"] if shard_nodes == 1 else 0
+shard_gres = f"gpu:{SLURM['gpus_per_node']}" if shard_nodes > 1 and SLURM["gpus_per_node"] else ""
 
 
 def shard_ids(wildcards):
     """Ids of the shards the `shards` checkpoint wrote (re-evaluated once it has run)."""
     shard_dir = checkpoints.shards.get().output[0]
     return sorted(Path(p).stem for p in Path(shard_dir).glob("shard_*.tsv"))
+
+
+def _shard_job(wildcards, attempt):
+    stats = read_manifest(checkpoints.shards.get().output[0])[wildcards.shard]
+    return job_resources(stats, JOB_SIZING, shard_nodes * SLURM["gpus_per_node"], attempt)
+
+
+def shard_mem_mb(wildcards, attempt):
+    """Memory per node (Slurm's --mem): the whole job's estimate spread over its nodes."""
+    return -(-_shard_job(wildcards, attempt).mem_mb // shard_nodes)
+
+
+def shard_runtime(wildcards, attempt):
+    return _shard_job(wildcards, attempt).runtime_minutes
+
+
+checkpoint shards:
+    input:
+        rules.worklist.output.tsv,
+    output:
+        directory(SHARD_DIR),
+    params:
+        tokens_per_shard=config["sharding"]["tokens_per_shard"],
+        max_shards=config["sharding"]["max_shards"],
+        simulate_oom_below_mem_mb=SLURM["simulate_oom_below_mem_mb"],
+    resources:
+        # The whole worklist is read at once; a retry gets more memory and time.
+        mem_mb=lambda wildcards, attempt: 2000 * attempt,
+        runtime=lambda wildcards, attempt: 15 * attempt,
+    log:
+        LOGDIR / "shards.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("shards.py")

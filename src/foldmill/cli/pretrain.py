@@ -3,7 +3,8 @@
   foldmill pretrain prepare-corpus FASTA... -o CORPUS [--alphabet protein|nucleotide]
   foldmill pretrain train --corpus CORPUS --run-dir RUN [--model tiny --expert-backend mxfp8 --steps N ...]
   foldmill pretrain evaluate --corpus CORPUS --checkpoint RUN/checkpoints/step_N [-o evaluation.json]
-`train` resumes from the newest checkpoint in RUN; run it under torchrun for DDP / FSDP2.
+`train` resumes from the newest checkpoint in RUN. For DDP / FSDP2 / expert parallelism run it under
+torchrun, or give --processes N (it starts torchrun itself; with --nodes M, srun across a Slurm job).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--corpus", required=True, help="a directory written by prepare-corpus")
     train.add_argument("--run-dir", required=True, help="metrics.jsonl, checkpoints/ and summary.json go here")
     add_config_arguments(train, TrainConfig)
+    train.add_argument("--processes", type=int, default=1, help="processes per node, one per GPU (> 1: torchrun)")
+    train.add_argument("--nodes", type=int, default=1, help="nodes of the Slurm job to train on (> 1: srun)")
     train.set_defaults(handler=run_train)
 
     evaluate = commands.add_parser("evaluate", help="validation loss and perplexity of a checkpoint")
@@ -69,10 +72,12 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from foldmill.moe.train.trainer import pretrain
+    from foldmill.moe.train.launch import launch_pretrain
 
-    summary = pretrain(args.corpus, args.run_dir, config_from_args(args, TrainConfig))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only the first process reports
+    config = config_from_args(args, TrainConfig)
+    summary = launch_pretrain(args.corpus, args.run_dir, config, args.processes, args.nodes)
+    launched = args.processes > 1 or args.nodes > 1
+    if launched or os.environ.get("RANK", "0") != "0":  # under torchrun only the first process reports
         return 0
     print(f"step {summary['steps']}: train loss {summary['final_train_loss']:.4f}, "
           f"val loss {summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:.2f}) -> {args.run_dir}")

@@ -94,6 +94,9 @@ class TrainConfig:
     # fp32: all fp32; bf16-mixed: fp32 master weights, bf16 compute; bf16: bf16 weights and compute.
     precision: str = "fp32"
     parallel: str = "ddp"  # ddp or fsdp (FSDP2, per decoder layer) when several processes run
+    # Experts split across this many processes (a divisor of the process count and of num_experts);
+    # 1: every process holds every expert (moe/parallel).
+    expert_parallel: int = 1
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
@@ -107,5 +110,7 @@ class TrainConfig:
             raise FoldmillError(f"precision must be fp32, bf16-mixed or bf16, not {self.precision!r}")
         if self.parallel not in ("ddp", "fsdp"):
             raise FoldmillError(f"parallel must be ddp or fsdp, not {self.parallel!r}")
+        if self.expert_parallel < 1:
+            raise FoldmillError(f"expert_parallel must be >= 1, not {self.expert_parallel}")
         if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
             raise FoldmillError("steps and batch_size must be >= 1 and seq_len >= 2")

@@ -4,6 +4,9 @@ A split's stream is cut into windows of seq_len + 1 tokens (input and shifted ta
 seq_len, never across shard files. Each epoch visits all windows in a permutation drawn from
 (seed, epoch); process `rank` of `world_size` takes every world_size-th window. The sampler's state
 (epoch, position) is saved in checkpoints, so a resumed run sees exactly the batches it would have.
+Step s of all processes together takes windows [s * B * W, (s + 1) * B * W) of the epoch's
+permutation (B per process, W processes), so a run resumed with another W and the same B * W
+continues with the same global batches.
 """
 
 from __future__ import annotations
@@ -73,8 +76,10 @@ class BatchSampler:
         return np.concatenate(picked)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        # A position counts this process's windows; the epoch has used position * world_size in all.
+        consumed = int(state["position"]) * int(state.get("world_size", self.world_size))
+        self.epoch, self.position = int(state["epoch"]), consumed // self.world_size
         self._order = self._epoch_order()

@@ -12,6 +12,8 @@ from foldmill.moe.experts import get_backend
 from foldmill.moe.experts.mlp import grouped_swiglu_experts
 from foldmill.moe.experts.routing import permute_tokens, plan_routing, unpermute_tokens
 from foldmill.moe.model.router import TopKRouter
+from foldmill.moe.parallel.expert_parallel import expert_parallel_experts
+from foldmill.moe.parallel.mesh import ExpertShard
 
 
 @dataclass
@@ -29,7 +31,11 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class Experts(nn.Module):
-    """All experts' weights as 3-D tensors (Hugging Face Mixtral's layout and names)."""
+    """All experts' weights as 3-D tensors (Hugging Face Mixtral's layout and names).
+
+    With expert parallelism (moe.parallel.sharding.shard_experts) the tensors hold only this
+    rank's experts and `shard` says where the others are; tokens then travel by all-to-all.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -37,17 +43,18 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))  # [gate; up]
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.backend = get_backend(config.expert_backend)
+        self.shard: ExpertShard | None = None
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x (tokens, H); weights, experts (tokens, top_k) -> (tokens, H)."""
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(dtype)
-            plan = plan_routing(experts, self.gate_up_proj.shape[0], self.backend.pad_multiple)
+            x, w13, w2 = x.to(dtype), self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
+            if self.shard is not None:
+                return expert_parallel_experts(x, weights, experts, w13, w2, self.backend, self.shard)
+            plan = plan_routing(experts, w13.shape[0], self.backend.pad_multiple)
             rows, row_probs = permute_tokens(x, weights, plan)
-            out_rows = grouped_swiglu_experts(
-                rows, row_probs, self.gate_up_proj.to(dtype), self.down_proj.to(dtype), plan.group_ends, self.backend
-            )
+            out_rows = grouped_swiglu_experts(rows, row_probs, w13, w2, plan.group_ends, self.backend)
             return unpermute_tokens(out_rows, plan)
 
 

@@ -1,5 +1,8 @@
 """Checkpoints through torch.distributed.checkpoint (sharded with FSDP2, plain with DDP or one process).
 
+Experts split by expert parallelism are saved in their global shape (moe.parallel.sharding), so
+a checkpoint resumes under any other process count or expert-parallel size, or in one process.
+
 checkpoints/step_00000100/   DCP files of {"model", "optim"} + trainer_state.json (step, data
 sampler, configs). A checkpoint is written under a hidden temporary name and renamed when complete,
 so the newest step_* directory is always whole. Non-tensor state is JSON: nothing is unpickled.
@@ -25,7 +28,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from foldmill.errors import CheckpointError
-from foldmill.moe.train.distributed import Dist, barrier
+from foldmill.moe.parallel.sharding import expert_state_to_global, expert_state_to_local
+from foldmill.moe.train.distributed import Dist, barrier, unwrap
 
 STATE_FILE = "trainer_state.json"
 
@@ -64,6 +68,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
     barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
+    expert_state_to_global(model_state, optim_state, unwrap(model))
     with _quiet_single_process():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=_single_process())
     barrier()
@@ -89,12 +94,14 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     """Restore model and optimizer in place from `path`; returns the trainer state."""
     state = read_state(path)
     model_state, optim_state = get_state_dict(model, optimizer)
+    expert_state_to_global(model_state, optim_state, unwrap(model))
     loaded = {"model": model_state, "optim": optim_state}
     try:
         with _quiet_single_process():
             dcp.load(loaded, checkpoint_id=Path(path), no_dist=_single_process())
     except Exception as error:  # DCP raises assorted errors (missing keys, shape mismatch, bad files)
         raise CheckpointError(f"{path}: cannot load checkpoint: {error}") from None
+    expert_state_to_local(loaded["model"], loaded["optim"], unwrap(model))
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     return state
 
@@ -103,10 +110,12 @@ def load_model_weights(path: str | Path, model: nn.Module) -> dict:
     """Restore only the model weights (for evaluation); returns the trainer state."""
     state = read_state(path)
     model_state = get_model_state_dict(model)
+    expert_state_to_global(model_state, None, unwrap(model))
     try:
         with _quiet_single_process():
             dcp.load({"model": model_state}, checkpoint_id=Path(path), no_dist=_single_process())
     except Exception as error:
         raise CheckpointError(f"{path}: cannot load model weights: {error}") from None
+    expert_state_to_local(model_state, None, unwrap(model))
     set_model_state_dict(model, model_state)
     return state

@@ -9,6 +9,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from foldmill.moe.parallel.mesh import build_mesh
+from foldmill.moe.parallel.sharding import shard_experts, sharded_expert_parameters
+
+# Environment that keeps NCCL, PyTorch symmetric memory and NVSHMEM off NVLink multicast.
+NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -32,22 +38,39 @@ def init_distributed() -> Dist:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            # NVLink multicast (NVLS) can take a shared host's GPUs out of service: keep it off,
+            # also when torchrun was started by hand (NCCL reads this when the group is created).
+            os.environ.update(NVLINK_MULTICAST_OFF)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(rank, world_size, device)
 
 
-def wrap_model(model: nn.Module, parallel: str, env: Dist) -> nn.Module:
-    """DDP, or FSDP2 (each decoder layer, then the root) when several processes run."""
+def wrap_model(model: nn.Module, parallel: str, env: Dist, expert_parallel: int = 1) -> nn.Module:
+    """DDP, or FSDP2 (each decoder layer, then the root) when several processes run.
+
+    With expert_parallel > 1 the experts are first split over a (dp x ep) mesh
+    (moe.parallel); DDP / FSDP2 then cover only the dense parameters, and the trainer reduces
+    the expert gradients itself (moe.parallel.gradients).
+    """
+    if expert_parallel > 1:
+        mesh = build_mesh(env.world_size, expert_parallel, model.config.num_experts, env.device)
+        shard_experts(model, mesh, as_dtensors=parallel == "fsdp")
     if env.world_size == 1:
         return model
+    experts = sharded_expert_parameters(model)
     if parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        ignored = {parameter for parameter, _ in experts.values()}
         for layer in model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, ignored_params=ignored)
+        fully_shard(model, ignored_params=ignored)
         return model
-    return nn.parallel.DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    if experts:
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(experts))
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

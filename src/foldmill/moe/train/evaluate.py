@@ -22,6 +22,8 @@ def evaluate(
     was_training = model.training
     model.eval()
     count = len(windows) if not max_batches else min(len(windows), max_batches * batch_size * env.world_size)
+    # Every process runs the same number of batches: expert parallelism makes each forward collective.
+    count -= count % env.world_size
     mine = np.arange(count)[env.rank :: env.world_size]
     totals = torch.zeros(2, dtype=torch.float64, device=env.device)
     for start in range(0, mine.size, batch_size):

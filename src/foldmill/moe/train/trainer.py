@@ -22,6 +22,7 @@ from foldmill.moe.config import ModelConfig, TrainConfig, model_config
 from foldmill.moe.data.corpus import load_meta
 from foldmill.moe.data.loader import BatchSampler, PackedWindows
 from foldmill.moe.model.decoder import MoEDecoder
+from foldmill.moe.parallel.gradients import clip_grad_norm, reduce_expert_gradients
 from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
 from foldmill.moe.train.evaluate import evaluate
@@ -56,7 +57,7 @@ class Trainer:
         model = MoEDecoder(self.model_config).to(self.env.device)
         if config.precision == "bf16":
             model = model.to(torch.bfloat16)
-        self.model = wrap_model(model, config.parallel, self.env)
+        self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
         self.optimizer = build_optimizer(self.model, config)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
@@ -100,7 +101,8 @@ class Trainer:
         batch = self.train_windows.batch(self.sampler.next_indices()).to(self.env.device, non_blocking=True)
         loss = batch_loss(self.model, batch, self.config.precision, self.config.aux_loss_coef)
         loss.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        reduce_expert_gradients(unwrap(self.model))
+        grad_norm = clip_grad_norm(unwrap(self.model), self.config.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.cross_entropy.detach(), grad_norm.detach(), loss.expert_load

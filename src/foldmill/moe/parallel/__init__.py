@@ -1,0 +1,1 @@
+"""Expert parallelism: the (data-parallel x expert-parallel) mesh, token dispatch, sharded experts."""

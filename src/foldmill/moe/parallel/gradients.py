@@ -1,0 +1,75 @@
+"""Gradient reduction and clipping when experts are sharded (without: nothing to reduce, torch's clipping).
+
+DDP / FSDP2 average dense gradients over the world: grad = (1/W) sum_r dL_r/dtheta, with L_r the
+loss of rank r's batch. After backward an expert's owner holds sum_{r in its ep group} dL_r/dw
+(the all-to-all's backward brought every group member's share home), so summing over the dp
+replicas and dividing by W gives the same average. Clipping then needs the norm over all
+gradients: dense ones replicated (DDP) or sharded (FSDP2 DTensors), expert ones sharded over ep.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
+
+from foldmill.moe.parallel.expert_parallel import local_part
+from foldmill.moe.parallel.sharding import sharded_expert_parameters
+
+
+def reduce_expert_gradients(model: nn.Module) -> None:
+    """Average the sharded experts' gradients as DDP averages the dense ones (one all-reduce over dp)."""
+    experts = list(sharded_expert_parameters(model).values())
+    grads = [local_part(parameter.grad) for parameter, _ in experts if parameter.grad is not None]
+    if not grads:
+        return
+    shard = experts[0][1]
+    world_size = dist.get_world_size()
+    if shard.replicas == 1:
+        torch._foreach_div_(grads, world_size)
+        return
+    flat = _flatten_dense_tensors(grads).div_(world_size)
+    dist.all_reduce(flat, group=shard.replica_group)
+    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(reduced)
+
+
+def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for grad in grads:
+        total += grad.float().pow(2).sum()
+    return total
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm before.
+
+    Without sharded experts this is torch.nn.utils.clip_grad_norm_.
+    """
+    experts = sharded_expert_parameters(model)
+    if not experts:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    shard = next(iter(experts.values()))[1]
+    expert_ids = {id(parameter) for parameter, _ in experts.values()}
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    replicated, world_sharded, expert_sharded = [], [], []
+    for parameter in parameters:
+        grad = local_part(parameter.grad)
+        if id(parameter) in expert_ids:
+            expert_sharded.append(grad)
+        elif isinstance(parameter.grad, DTensor):  # FSDP2: sharded over the world
+            world_sharded.append(grad)
+        else:  # DDP: the same on every rank
+            replicated.append(grad)
+    device = local_part(parameters[0].grad).device
+    # One all-reduce over the world: each expert shard is present on `replicas` ranks.
+    sharded = _sum_of_squares(world_sharded, device) + _sum_of_squares(expert_sharded, device) / shard.replicas
+    dist.all_reduce(sharded)
+    total_norm = (_sum_of_squares(replicated, device) + sharded).sqrt()
+    scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    for parameter in parameters:
+        grad = local_part(parameter.grad)
+        grad.mul_(scale.to(grad.dtype))
+    return total_norm
