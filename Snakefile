@@ -24,3 +24,8 @@ rule all:
 
 include: "rules/worklist.smk"
 include: "rules/shards.smk"
+include: "rules/fold.smk"
+include: "rules/msa.smk"
+include: "rules/templates.smk"
+include: "rules/outputs.smk"
+include: "rules/moe.smk"

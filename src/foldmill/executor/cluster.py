@@ -1,0 +1,141 @@
+"""Start or join Ray and create the actor pools: featurizers, model replicas (one per GPU), writers.
+
+Without an address (executor.address or RAY_ADDRESS) foldmill starts a lean local instance bound
+to 127.0.0.1: no dashboard, no usage stats, no metrics, the CPUs and GPUs this process may use.
+With one, it joins that cluster (multi-node included) and uses every GPU the cluster offers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+
+from foldmill.errors import FoldmillError
+from foldmill.executor.scheduler import Pools, Slot
+from foldmill.executor.settings import ExecutorSettings
+from foldmill.executor.worker import StageWorker
+
+log = logging.getLogger(__name__)
+
+RESTARTS = 4  # times Ray restarts a crashed actor before the scheduler retires it
+NAMESPACE = "foldmill"
+
+
+def available_cpus() -> int:
+    """CPUs this process may use (Slurm and cgroup affinity included)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def ray_session(settings: ExecutorSettings) -> Iterator[None]:
+    """Connected to Ray for the duration of the block; a local instance is shut down afterwards."""
+    if ray.is_initialized():  # an embedding program (a test, the benchmark) already connected
+        yield
+        return
+    address = settings.ray_address()
+    common: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "logging_level": logging.WARNING}
+    if address:
+        log.info("joining the Ray cluster at %s", address)
+        ray.init(address=address, **common)
+    else:
+        for name, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_enable_metrics_collection", "0")):
+            os.environ.setdefault(name, value)
+        cpus = settings.cpus or available_cpus()
+        object_store = settings.object_store_mb * 1024 * 1024 or None
+        log.info("starting a local Ray instance with %d CPUs", cpus)
+        ray.init(
+            address="local",  # a new instance, never some other Ray already running on this machine
+            num_cpus=cpus,
+            num_gpus=settings.gpus or None,
+            include_dashboard=False,
+            object_store_memory=object_store,
+            _node_ip_address="127.0.0.1",
+            **common,
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def replica_count(settings: ExecutorSettings, device: str) -> int:
+    if device == "cpu":
+        return max(1, settings.cpu_replicas)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus < 1:
+        raise FoldmillError("model.device is cuda but Ray sees no GPU (set model.device: cpu to fold on CPUs)")
+    return gpus
+
+
+def start_pools(
+    settings: ExecutorSettings,
+    device: str,
+    build_featurizer: Callable[[], Any],
+    build_replica: Callable[[], Any],
+    build_writer: Callable[[], Any],
+    run_id: str,
+) -> Pools:
+    """Create every actor and wait until each has built its stage (models loaded).
+
+    Actors are named `<role><index>-<run_id>` in the "foldmill" namespace, so `ray list actors`
+    (or a test) can find a run's replicas.
+    """
+    remote = ray.remote(StageWorker)
+    replicas = replica_count(settings, device)
+    if device == "cuda":
+        # The GPU is the reservation: a job with few CPUs still gets a replica on every GPU.
+        replica_options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
+        replica_threads = 2
+        names = ["gpu"] * replicas
+    else:
+        # CPU replicas share the cores; featurize and write actors take no CPU reservation so
+        # they fit beside them on a small machine (they are light next to the model).
+        node_cpus = max(int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["Alive"])
+        replica_threads = max(1, min(node_cpus, int(ray.cluster_resources().get("CPU", 1)) // replicas))
+        replica_options = {"num_cpus": replica_threads}
+        names = [f"cpu{index}" for index in range(replicas)]
+    restart = {"max_restarts": RESTARTS, "max_task_retries": 0}
+
+    def slots(role: str, prefixes: list[str], build: Callable[[], Any], options: dict[str, Any], threads: int) -> list[Slot]:
+        handles = [
+            remote.options(name=f"{role}{index}-{run_id}", **options, **restart).remote(prefix, build, threads)
+            for index, prefix in enumerate(prefixes)
+        ]
+        return [
+            Slot(info["name"], handle, RESTARTS, token_budget=info["token_budget"])
+            for info, handle in zip(_ready(handles), handles)
+        ]
+
+    workers = max(1, settings.cpu_workers)
+    pools = Pools(
+        featurizers=slots("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1),
+        replicas=slots("replica", names, build_replica, replica_options, replica_threads),
+        writers=slots("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1),
+    )
+    log.info("replicas: %s", ", ".join(slot.name for slot in pools.replicas))
+    return pools
+
+
+def stop_pools(pools: Pools) -> None:
+    """End a run's actors (they would otherwise live as long as the Ray session)."""
+    for slot in pools.featurizers + pools.replicas + pools.writers:
+        ray.kill(slot.handle, no_restart=True)
+
+
+def _ready(handles: list[Any]) -> list[dict[str, Any]]:
+    """What the started actors report; one whose stage could not be built stops the run with its error."""
+    reports = ray.get([handle.ready.remote() for handle in handles])
+    for report in reports:
+        if report["error"]:
+            for handle in handles:
+                ray.kill(handle, no_restart=True)
+            raise FoldmillError(f"{report['name']} could not start: {report['error']}")
+    return reports

@@ -1,0 +1,233 @@
+"""The three stages of a fold, as the executor's actors run them: featurize -> model -> write.
+
+- `FeaturizeStage`: a work item (Target JSON) -> `FoldInput`, its features packed for the trip
+  (CPU actors).
+- `Engine`: one model replica; `FoldInput` -> `Prediction` (one per GPU, or CPU replicas). Out of
+  memory, it retries with samples denoised one at a time, then rejects the target.
+- `WriteStage`: `Prediction` -> OUTDIR/predictions/<target_id>/ (CPU actors).
+Each stage is built once per actor (the model is loaded once, not per target).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from foldmill import __version__
+from foldmill.errors import FoldmillError
+from foldmill.executor.faults import TargetRejected, is_out_of_memory
+from foldmill.executor.plan import WorkItem
+from foldmill.executor.settings import ModelSettings
+from foldmill.executor.transfer import PackedTensor, pack_features, unpack_features
+from foldmill.features import FeaturizedTarget, StagedInputs, featurize
+from foldmill.io.targets import Target
+from foldmill.model.checkpoint import file_sha256
+from foldmill.model.config import Boltz2Config, InferenceRecipe
+from foldmill.model.fastpath import FastBoltz2
+from foldmill.outputs.prediction import Prediction
+from foldmill.outputs.writer import write_prediction
+
+log = logging.getLogger(__name__)
+
+# Peak memory of one forward grows with the token pairs: per pair, about BYTES_PER_PAIR_CHANNEL per
+# pair channel (token_z) plus BYTES_PER_PAIR for the fixed-width pair features (relative-position
+# and distance-bin one-hots, PAE/PDE logits), plus the weights and a fixed working set. Calibrated
+# on OSS Boltz-2 on an H200 in bf16 (12.8 GiB at 1,024 tokens, 26.3 GiB at 1,536, token_z 128) and
+# on foldmill's fp32 CPU path (8.9 GB at 1,537 tokens with token_z 8); errs on the large side.
+BYTES_PER_PAIR_CHANNEL = 80
+BYTES_PER_PAIR = 3200
+FIXED_BYTES = 2 << 30
+MEMORY_HEADROOM = 0.9
+DEMO_WEIGHTS_SEED = 0  # the demo model is one fixed set of weights; recipe.seed only seeds sampling
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Where featurizers find staged MSAs and templates: OUTDIR/staged of a workflow run, or None to
+    read each target's own MSA files (and align its templates) as `foldmill fold` does on input files."""
+
+    staged_dir: Path | None = None
+
+
+def recipe_provenance(recipe: InferenceRecipe) -> dict[str, int]:
+    """The recipe fields that change a prediction (max_parallel_samples only trades memory for speed)."""
+    return {k: v for k, v in asdict(recipe).items() if k not in ("max_parallel_samples", "seed")}
+
+
+def model_id(settings: ModelSettings) -> str:
+    """'demo' or the checkpoint's sha256: what the outputs name as the model."""
+    return "demo" if settings.is_demo else file_sha256(Path(settings.checkpoint))
+
+
+def run_provenance(settings: ModelSettings) -> dict[str, Any]:
+    """What every prediction of this run records, and what a finished one must match to be skipped."""
+    provenance = {"model": model_id(settings), "seed": settings.recipe.seed, "recipe": recipe_provenance(settings.recipe)}
+    if settings.is_demo:
+        provenance["demo_config"] = dict(sorted(settings.demo_config.items()))
+    return provenance
+
+
+@dataclass
+class FoldInput:
+    """A featurized target on its way to a replica: its features packed (see executor.transfer), the
+    rest of the FeaturizedTarget (features emptied), and the content hash its outputs record."""
+
+    featurized: FeaturizedTarget
+    features: dict[str, PackedTensor]
+    content_hash: str
+
+
+class FeaturizeStage:
+    def __init__(self, staging: Staging, model: ModelSettings) -> None:
+        self.staged_dir = staging.staged_dir
+        self.seed = model.recipe.seed
+        self.max_msa_seqs = model.max_msa_seqs
+
+    def __call__(self, item: WorkItem) -> FoldInput:
+        target = Target.from_json(item.spec)
+        if self.staged_dir is None:
+            staged = StagedInputs.from_target(target)
+        else:
+            staged = StagedInputs.from_manifests(self.staged_dir, target)
+        featurized = featurize(target, staged, seed=self.seed, max_msa_seqs=self.max_msa_seqs)
+        packed = pack_features(featurized.features)
+        return FoldInput(replace(featurized, features={}), packed, item.content_hash)
+
+
+class Engine:
+    """One model replica on one device: the fast path on a GPU, the fp32 reference path on CPUs."""
+
+    def __init__(self, settings: ModelSettings, token_budget: int = 0, memory_share: float = 1.0) -> None:
+        self.device = torch.device(settings.device)
+        self.recipe = settings.recipe
+        self.model = load_model(settings).to(self.device).eval()
+        self.runner = FastBoltz2(self.model) if self.device.type == "cuda" and settings.fast_path else self.model
+        self.stage_seconds: dict[str, float] = {}  # of the latest target: trunk, diffusion, ... (fast path)
+        self.provenance = {
+            **self.model.provenance,
+            **run_provenance(settings),
+            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "foldmill_version": __version__,
+        }
+        self.token_budget = token_budget or self.estimated_token_budget(memory_share)
+
+    def estimated_token_budget(self, memory_share: float) -> int:
+        """Largest target that should fit in this replica's share of device memory (CPU replicas
+        share the host's); the out-of-memory fallback covers what the estimate misses."""
+        if self.device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
+        else:
+            free_bytes = _available_host_memory()
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        usable = MEMORY_HEADROOM * free_bytes * memory_share - weights - FIXED_BYTES
+        per_pair = BYTES_PER_PAIR_CHANNEL * self.model.config.token_z + BYTES_PER_PAIR
+        return max(0, int(math.sqrt(max(usable, 0) / per_pair)))
+
+    def __call__(self, job: FoldInput) -> Prediction:
+        started = time.perf_counter()
+        featurized = job.featurized
+        features = unpack_features(job.features, self.device)
+        output = self._predict(features, featurized.n_tokens)
+        del features
+        prediction = to_prediction(featurized, output, {**self.provenance, "content_hash": job.content_hash})
+        prediction.runtime_seconds = time.perf_counter() - started
+        return prediction
+
+    def _predict(self, features: dict[str, torch.Tensor], n_tokens: int) -> dict[str, torch.Tensor]:
+        """The model's outputs; out of memory, retry with one sample at a time, then reject."""
+        recipes = [self.recipe]
+        if self.recipe.max_parallel_samples > 1 and self.recipe.diffusion_samples > 1:
+            recipes.append(replace(self.recipe, max_parallel_samples=1))
+        for attempt, recipe in enumerate(recipes):
+            try:
+                with torch.inference_mode():
+                    output = self.runner.predict(features, recipe)
+                self.stage_seconds = dict(getattr(self.runner, "stage_seconds", {}))
+                return output
+            except Exception as error:  # noqa: BLE001 - only out-of-memory is handled here
+                if not is_out_of_memory(error):
+                    raise
+                log.warning("out of memory at %d tokens (attempt %d of %d)", n_tokens, attempt + 1, len(recipes))
+            # Outside the except block, so the traceback (and the tensors its frames hold) is gone.
+            _release_memory(self.device)
+        raise TargetRejected(
+            f"out of {self.device.type} memory at {n_tokens} tokens, even denoising one sample at a time"
+        )
+
+
+def load_model(settings: ModelSettings) -> torch.nn.Module:
+    from foldmill.model.boltz2 import Boltz2
+    from foldmill.model.demo import demo_model
+
+    if settings.is_demo:
+        try:
+            config = Boltz2Config.small(**settings.demo_config)
+        except TypeError as error:
+            raise FoldmillError(f"config model.demo_config: {error}") from None
+        return demo_model(config, seed=DEMO_WEIGHTS_SEED)
+    return Boltz2.from_checkpoint(settings.checkpoint)
+
+
+def to_prediction(featurized: FeaturizedTarget, output: dict[str, torch.Tensor], provenance: dict[str, Any]) -> Prediction:
+    """Unpad the model's outputs (real atoms and tokens come first) into a host-side Prediction."""
+    n_atoms, n_tokens = featurized.n_atoms, featurized.n_tokens
+
+    def host(name: str, *index: slice) -> np.ndarray:
+        return output[name][(slice(None), *index)].float().cpu().numpy()
+
+    tokens = slice(0, n_tokens)
+    return Prediction(
+        target_id=featurized.target_id,
+        atoms=featurized.atoms,
+        sequences=featurized.sequences,
+        token_chain_ids=np.asarray(featurized.token_chain_ids),
+        coords=host("sample_atom_coords", slice(0, n_atoms)),
+        plddt=host("plddt", tokens),
+        pae=host("pae", tokens, tokens),
+        pde=host("pde", tokens, tokens),
+        ptm=host("ptm"),
+        iptm=host("iptm"),
+        ligand_iptm=host("ligand_iptm"),
+        protein_iptm=host("protein_iptm"),
+        complex_plddt=host("complex_plddt"),
+        complex_iplddt=host("complex_iplddt"),
+        complex_pde=host("complex_pde"),
+        complex_ipde=host("complex_ipde"),
+        chains_ptm=host("chains_ptm"),
+        pair_chains_iptm=host("pair_chains_iptm"),
+        provenance=provenance,
+    )
+
+
+class WriteStage:
+    def __init__(self, outdir: Path, top_k: int | None, write_pdb: bool) -> None:
+        self.outdir = Path(outdir)
+        self.top_k = top_k
+        self.write_pdb = write_pdb
+
+    def __call__(self, prediction: Prediction) -> str:
+        return str(write_prediction(prediction, self.outdir, top_k=self.top_k, write_pdb=self.write_pdb))
+
+
+def _available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def _release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()

@@ -1,0 +1,85 @@
+"""Plan a fold run: skip finished targets, reject those over the token budget, order the rest longest first.
+
+Longest first cuts the tail: the big targets start while every replica is free and the small
+ones fill the gaps at the end, instead of one replica folding a 2,800-residue target alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from foldmill.executor.records import TargetRecord
+from foldmill.outputs.writer import DONE_MARKER, record_name, target_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkItem:
+    """One target on its way through the executor; `spec` is the Target's canonical JSON."""
+
+    target_id: str
+    n_tokens: int
+    content_hash: str
+    spec: str
+    crashes: int = 0  # replica crashes while folding this target
+
+
+@dataclass
+class Plan:
+    todo: list[WorkItem]  # longest first
+    finished: list[WorkItem] = field(default_factory=list)  # already written by an earlier run
+
+
+def finished_with(outdir: Path, item: WorkItem, provenance: dict[str, Any]) -> bool:
+    """True when the target's directory is complete and was made from the same target, model and recipe."""
+    directory = target_dir(outdir, item.target_id)
+    if not (directory / DONE_MARKER).exists():
+        return False
+    try:
+        earlier = json.loads((directory / record_name(item.target_id)).read_text(encoding="utf-8"))["provenance"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all(earlier.get(key) == value for key, value in provenance.items())
+
+
+def plan_run(items: Iterable[WorkItem], outdir: Path, provenance: dict[str, Any]) -> Plan:
+    """Split `items` into finished and todo (longest first; equal sizes keep input order).
+
+    `provenance` holds what a finished target must match to be skipped (model, recipe); the
+    target's own content_hash is matched too, so an edited target is folded again.
+    """
+    plan = Plan(todo=[])
+    stale = 0
+    for item in items:
+        if finished_with(outdir, item, {**provenance, "content_hash": item.content_hash}):
+            plan.finished.append(item)
+        else:
+            stale += (target_dir(outdir, item.target_id) / DONE_MARKER).exists()
+            plan.todo.append(item)
+    plan.todo.sort(key=lambda item: -item.n_tokens)
+    if stale:
+        log.info("%d finished targets were made with other inputs or settings: folding them again", stale)
+    return plan
+
+
+def over_budget(items: list[WorkItem], token_budget: int) -> tuple[list[WorkItem], list[TargetRecord]]:
+    """(items that fit, rejection records of those that do not)."""
+    fit = [item for item in items if item.n_tokens <= token_budget]
+    rejected = [
+        TargetRecord(
+            item.target_id,
+            "rejected",
+            f"{item.n_tokens} tokens exceed the token budget of {token_budget} per model replica "
+            "(executor.token_budget, or the estimate from device memory)",
+            item.n_tokens,
+        )
+        for item in items
+        if item.n_tokens > token_budget
+    ]
+    return fit, rejected

@@ -1,0 +1,305 @@
+"""The driver loop: move targets through featurize -> fold -> write with bounded queues.
+
+Every target is a chain of three actor calls. Featurized targets and predictions stay in Ray's
+object store; the driver holds only references, and at most `queue_depth` featurized targets per
+replica exist at any time, so memory stays flat however long the worklist is. Each replica
+gets two targets at a time (one folding, one already transferred), so it never waits on the
+driver between targets.
+
+Faults: an error inside a stage comes back as an Outcome (failed / rejected / retire). A crashed
+actor comes back as an actor error: Ray restarts the process (its stage is rebuilt, e.g. the
+model reloaded) and the targets it held are queued again; the target it was working on is
+charged a crash and failed after `max_attempts`, so a target that kills its replica cannot loop
+forever. A worker reporting `retire` (a replica with a sticky CUDA error, or one that could not
+rebuild its stage after a restart) is retired and its targets go to the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, RayActorError
+
+from foldmill.executor.faults import Outcome
+from foldmill.executor.plan import WorkItem
+from foldmill.executor.records import TargetRecord
+
+log = logging.getLogger(__name__)
+
+PER_WORKER = 2  # calls queued on one actor: one running, one ready to start
+WAIT_SECONDS = 1.0  # longest pause between progress updates
+PROBE_SECONDS = 0.5  # pause between checks of an actor Ray is restarting
+
+
+@dataclass(eq=False)
+class Slot:
+    """One actor of a pool and the calls it holds, oldest (the one running) first."""
+
+    name: str
+    handle: Any
+    restarts_left: int
+    token_budget: int | None = None  # largest target a model replica accepts
+    inflight: deque[Ticket] = field(default_factory=deque)
+    retired: bool = False
+    probe: Any = None  # a `ready` call in flight while the actor restarts after a crash
+    probe_after: float = 0.0  # when to probe again (monotonic), if not now
+
+    @property
+    def restarting(self) -> bool:
+        return self.probe is not None or self.probe_after > 0
+
+    @property
+    def free(self) -> bool:
+        return not self.retired and not self.restarting and len(self.inflight) < PER_WORKER
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One call in flight: which target, on which actor, with what input and earlier outcomes."""
+
+    stage: str  # featurize | fold | write
+    item: WorkItem
+    slot: Slot
+    payload: Any  # the call's input (the work item or an object reference), kept for a resubmission
+    outcome_ref: Any = None
+    result_ref: Any = None
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # of earlier stages
+
+
+@dataclass
+class Pools:
+    featurizers: list[Slot]
+    replicas: list[Slot]
+    writers: list[Slot]
+
+    def of(self, stage: str) -> list[Slot]:
+        return {"featurize": self.featurizers, "fold": self.replicas, "write": self.writers}[stage]
+
+
+@dataclass
+class Waiting:
+    """A target between stages: the reference to its last result and the outcomes so far."""
+
+    item: WorkItem
+    ref: Any
+    outcomes: dict[str, Outcome]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pools: Pools,
+        todo: list[WorkItem],
+        queue_depth: int,
+        max_attempts: int,
+        on_record: Callable[[TargetRecord], None],
+        on_fold: Callable[[Outcome], None] = lambda outcome: None,
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.pools = pools
+        self.pending: deque[WorkItem] = deque(todo)  # longest first
+        self.featurized: list[Waiting] = []  # ready for a replica
+        self.folded: deque[Waiting] = deque()  # ready for a writer
+        self.tickets: dict[Any, Ticket] = {}  # outcome reference -> call
+        self.probes: dict[Any, Slot] = {}  # `ready` reference -> restarting actor
+        self.queue_depth = max(1, queue_depth)
+        self.max_attempts = max_attempts
+        self.on_record = on_record
+        self.on_fold = on_fold
+        self.on_tick = on_tick
+        self.peak_featurized = 0  # most featurized targets held at once (memory bound check)
+        self.abort_reason = ""  # set when the run stopped early because a stage lost every worker
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        while self.pending or self.featurized or self.folded or self.tickets:
+            self._check_pools()
+            self._probe_restarting()
+            self._dispatch()
+            waiting = list(self.tickets) + list(self.probes)
+            if not waiting:  # nothing in flight: every worker that could take work is restarting
+                time.sleep(PROBE_SECONDS / 10)
+                continue
+            ready, rest = ray.wait(waiting, num_returns=1, timeout=WAIT_SECONDS)
+            if ready and rest:  # take everything else already done too, without waiting
+                ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for ref in ready:
+                if ref in self.probes:
+                    self._probed(self.probes.pop(ref))
+                elif ref in self.tickets:  # dropped when its actor's crash was handled
+                    self._complete(self.tickets.pop(ref))
+            self.on_tick()
+
+    def _check_pools(self) -> None:
+        """Stop the run, failing what is left, when a stage has no worker left."""
+        for stage, what in (("fold", "model replicas"), ("featurize", "featurize workers"), ("write", "writers")):
+            if any(not slot.retired for slot in self.pools.of(stage)):
+                continue
+            self.abort_reason = f"all {what} were retired after repeated crashes or CUDA errors"
+            for item in self._drain():
+                self.on_record(TargetRecord(item.target_id, "failed", self.abort_reason, item.n_tokens, attempts=item.crashes + 1))
+            return
+
+    def _drain(self) -> list[WorkItem]:
+        """Take every target not finished yet out of the queues."""
+        items = list(self.pending) + [w.item for w in self.featurized] + [w.item for w in self.folded]
+        items += [ticket.item for ticket in self.tickets.values()]
+        self.pending.clear()
+        self.featurized.clear()
+        self.folded.clear()
+        self.tickets.clear()
+        return items
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        alive_replicas = sum(not slot.retired for slot in self.pools.replicas)
+        depth = self.queue_depth * alive_replicas
+        while self.folded and (slot := self._free("write")):
+            waiting = self.folded.popleft()
+            self._submit("write", waiting.item, slot, waiting.ref, waiting.outcomes)
+        # Hold no more predictions than the writers can take next, so a slow disk throttles folding.
+        while self.featurized and len(self.folded) < PER_WORKER * len(self.pools.writers) and (slot := self._free("fold")):
+            waiting = max(self.featurized, key=lambda w: w.item.n_tokens)
+            self.featurized.remove(waiting)
+            self._submit("fold", waiting.item, slot, waiting.ref, waiting.outcomes)
+        while self.pending and self._featurized_held() < depth and (slot := self._free("featurize")):
+            item = self.pending.popleft()
+            self._submit("featurize", item, slot, item, {})
+        self.peak_featurized = max(self.peak_featurized, self._featurized_held())
+
+    def _featurized_held(self) -> int:
+        """Featurized targets alive: waiting, being made, or sitting on a replica."""
+        busy = sum(ticket.stage in ("featurize", "fold") for ticket in self.tickets.values())
+        return len(self.featurized) + busy
+
+    def _free(self, stage: str) -> Slot | None:
+        free = [slot for slot in self.pools.of(stage) if slot.free]
+        return min(free, key=lambda slot: len(slot.inflight)) if free else None
+
+    def _submit(self, stage: str, item: WorkItem, slot: Slot, payload: Any, outcomes: dict[str, Outcome]) -> None:
+        ticket = Ticket(stage, item, slot, payload, outcomes=outcomes)
+        ticket.outcome_ref, ticket.result_ref = slot.handle.process.remote(payload)
+        slot.inflight.append(ticket)
+        self.tickets[ticket.outcome_ref] = ticket
+
+    # -- completion -------------------------------------------------------------------------
+    def _complete(self, ticket: Ticket) -> None:
+        try:
+            outcome: Outcome = ray.get(ticket.outcome_ref)
+        except RayActorError as error:
+            self._actor_crashed(ticket.slot, error)
+            return
+        ticket.slot.inflight.remove(ticket)
+        outcomes = {**ticket.outcomes, ticket.stage: outcome}
+        if ticket.stage == "fold":
+            self.on_fold(outcome)
+        if outcome.status == "retire":
+            self._retire(ticket, outcome)
+        elif outcome.status != "ok":
+            status = "rejected" if outcome.status == "rejected" else "failed"
+            log.warning("%s %s at %s on %s: %s", ticket.item.target_id, status, ticket.stage, outcome.worker, outcome.reason)
+            if "traceback" in outcome.info:
+                log.warning("%s", outcome.info["traceback"])
+            self._record(ticket.item, status, f"{ticket.stage}: {outcome.reason}", outcomes)
+        elif ticket.stage == "featurize":
+            self.featurized.append(Waiting(ticket.item, ticket.result_ref, outcomes))
+        elif ticket.stage == "fold":
+            self.folded.append(Waiting(ticket.item, ticket.result_ref, outcomes))
+        else:
+            self._record(ticket.item, "ok", "", outcomes, prediction_dir=str(ray.get(ticket.result_ref)))
+
+    def _record(self, item: WorkItem, status: str, reason: str, outcomes: dict[str, Outcome], prediction_dir: str = "") -> None:
+        fold = outcomes.get("fold", Outcome("ok"))
+        self.on_record(
+            TargetRecord(
+                item.target_id,
+                status,
+                reason,
+                item.n_tokens,
+                seconds=fold.seconds,
+                replica=fold.worker,
+                prediction_dir=prediction_dir,
+                featurize_seconds=outcomes.get("featurize", Outcome("ok")).seconds,
+                write_seconds=outcomes.get("write", Outcome("ok")).seconds,
+                fold_started=fold.started,
+                fold_finished=fold.started + fold.seconds if fold.started else 0.0,
+                attempts=item.crashes + 1,
+                model_stages=fold.info.get("stages", {}),
+            )
+        )
+
+    def _requeue(self, ticket: Ticket) -> None:
+        """Give a call that its actor lost to another actor of the same stage."""
+        self.tickets.pop(ticket.outcome_ref, None)
+        if ticket.stage == "featurize":
+            self.pending.appendleft(ticket.item)
+        elif ticket.stage == "fold":
+            self.featurized.append(Waiting(ticket.item, ticket.payload, ticket.outcomes))
+        else:
+            self.folded.appendleft(Waiting(ticket.item, ticket.payload, ticket.outcomes))
+
+    def _release(self, slot: Slot, culprit_reason: str) -> None:
+        """Requeue every call `slot` held; the oldest (the one running) is charged a crash."""
+        for position, ticket in enumerate(list(slot.inflight)):
+            if position == 0:
+                ticket.item.crashes += 1
+                if ticket.item.crashes >= self.max_attempts:
+                    self.tickets.pop(ticket.outcome_ref, None)
+                    reason = f"{ticket.stage}: {culprit_reason} ({ticket.item.crashes} times with this target)"
+                    self._record(ticket.item, "failed", reason, ticket.outcomes)
+                    continue
+            self._requeue(ticket)
+        slot.inflight.clear()
+
+    def _actor_crashed(self, slot: Slot, error: RayActorError) -> None:
+        """An actor died under its calls: requeue them and wait (probing) until Ray has restarted it."""
+        log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, type(error).__name__, len(slot.inflight))
+        self._release(slot, "the worker process died")
+        slot.restarts_left -= 1
+        if slot.restarts_left < 0:
+            log.warning("%s crashed too often: retired", slot.name)
+            slot.retired = True
+        else:
+            slot.probe_after = time.monotonic()
+
+    def _probe_restarting(self) -> None:
+        now = time.monotonic()
+        for stage in ("featurize", "fold", "write"):
+            for slot in self.pools.of(stage):
+                if not slot.retired and slot.probe is None and 0 < slot.probe_after <= now:
+                    slot.probe = slot.handle.ready.remote()
+                    self.probes[slot.probe] = slot
+
+    def _probed(self, slot: Slot) -> None:
+        try:
+            report = ray.get(slot.probe)
+            slot.probe_after = 0.0
+            if report["error"]:
+                log.warning("%s restarted but could not start again: retired (%s)", slot.name, report["error"])
+                slot.retired = True
+                ray.kill(slot.handle, no_restart=True)
+            else:
+                slot.name = report["name"]
+                log.info("%s is back", slot.name)
+        except ActorDiedError as error:
+            log.warning("%s cannot be restarted: retired (%s)", slot.name, error)
+            slot.retired = True
+        except RayActorError:
+            slot.probe_after = time.monotonic() + PROBE_SECONDS  # still restarting
+        slot.probe = None
+
+    def _retire(self, ticket: Ticket, outcome: Outcome) -> None:
+        """A worker that can no longer work (sticky CUDA error, or no stage after a restart) goes;
+        its targets go to the others, the one it was on charged an attempt."""
+        slot = ticket.slot
+        log.error("%s retired on %s: %s", slot.name, ticket.item.target_id, outcome.reason)
+        slot.inflight.appendleft(ticket)
+        slot.retired = True
+        self._release(slot, f"its {ticket.stage} worker was retired: {outcome.reason}")
+        ray.kill(slot.handle, no_restart=True)
