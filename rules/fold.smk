@@ -27,6 +27,7 @@ rule fold:
         model=config["model"],
         executor=config["executor"],
         outputs=config["outputs"],
+        ray_start_timeout_s=config["slurm"]["ray_start_timeout_s"],
     threads: FOLD_THREADS
     resources:
         gpu=shard_gpu if FOLD_ON_GPU else 0,
