@@ -38,3 +38,30 @@ def test_missing_input_is_one_line() -> None:
     done = run_foldmill("worklist", "/nonexistent/input.fasta", "-o", "/tmp/unused")
     assert done.returncode == 2
     assert done.stderr == "foldmill: error: /nonexistent/input.fasta: input does not exist\n"
+
+
+def test_subcommand_with_missing_dependency_says_so(tmp_path, monkeypatch) -> None:
+    """A subcommand whose module needs an absent package fails in one line; the others still work."""
+    package = tmp_path / "fake_commands"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "needs_absent.py").write_text("import foldmill_absent_dependency\n")
+    (package / "works.py").write_text(
+        "def register(subparsers):\n"
+        "    subparsers.add_parser('works').set_defaults(handler=lambda args: 0)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import argparse
+
+    import pytest
+
+    from foldmill.cli import register_modules
+    from foldmill.errors import FoldmillError
+
+    parser = argparse.ArgumentParser()
+    register_modules("fake_commands", parser.add_subparsers(dest="command", required=True))
+    assert parser.parse_args(["works"]).handler(None) == 0
+    args, ignored = parser.parse_known_args(["needs_absent", "--device", "cuda"])
+    assert ignored == ["--device", "cuda"] and args.accepts_any_arguments
+    with pytest.raises(FoldmillError, match="needs the Python package 'foldmill_absent_dependency'"):
+        args.handler(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -20,12 +21,31 @@ from foldmill.errors import FoldmillError
 
 
 def register_modules(package: str, subparsers: argparse._SubParsersAction) -> None:
-    """Import every module of `package` and let it register its subcommand."""
+    """Import every module of `package` and let it register its subcommand.
+
+    A module whose dependencies are not installed (a GPU node without gemmi, say) still gets a
+    subcommand, which says in one line what is missing; the other subcommands keep working.
+    """
     module = importlib.import_module(package)
     for info in sorted(pkgutil.iter_modules(module.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
-        importlib.import_module(f"{package}.{info.name}").register(subparsers)
+        try:
+            command = importlib.import_module(f"{package}.{info.name}")
+        except ModuleNotFoundError as error:
+            _register_unavailable(subparsers, info.name, error.name or str(error))
+            continue
+        command.register(subparsers)
+
+
+def _register_unavailable(subparsers: argparse._SubParsersAction, name: str, missing: str) -> None:
+    parser = subparsers.add_parser(name, help=f"(unavailable: needs the Python package {missing!r})")
+
+    def refuse(args: argparse.Namespace) -> int:
+        raise FoldmillError(f"'{name}' needs the Python package {missing!r}, which is not installed")
+
+    # Its real arguments are unknown here, so whatever follows the name is accepted and ignored.
+    parser.set_defaults(handler=refuse, accepts_any_arguments=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -52,3 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("foldmill: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`foldmill doctor | head`): stop quietly, as shell tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
