@@ -11,7 +11,6 @@ libraries can load them.
 
 from __future__ import annotations
 
-import random
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -21,10 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from foldmill.bench._synthetic import AMINO_ACIDS, synthetic_msa
 from foldmill.errors import FoldmillError
 
-AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
-MSA_MUTATION_RATE = 0.3
 
 
 @dataclass(frozen=True)
@@ -67,27 +65,20 @@ def parse_inputs(spec: str) -> list[BenchInput]:
     return inputs
 
 
-def _synthetic_a3m(query: str, depth: int, rng: random.Random) -> str:
-    rows = [query]
-    for _ in range(depth - 1):
-        rows.append("".join(rng.choice(AMINO_ACIDS + "-") if rng.random() < MSA_MUTATION_RATE else c for c in query))
-    return "".join(f">row{i}\n{row}\n" for i, row in enumerate(rows))
-
-
 def featurize_input(item: BenchInput) -> dict[str, Tensor]:
     """The Boltz-2 feature dict (batch 1) of a synthetic input, via foldmill.features."""
     from foldmill.features import featurize
     from foldmill.io.targets import Entity, Target
 
-    rng = random.Random(zlib.crc32(item.name.encode()))
+    rng = np.random.default_rng(zlib.crc32(item.name.encode()))
     with tempfile.TemporaryDirectory() as scratch:
         entities = []
         for index, length in enumerate(item.chain_lengths):
-            sequence = "".join(rng.choice(AMINO_ACIDS) for _ in range(length))
+            sequence = "".join(rng.choice(AMINO_ACIDS, size=length))
             msa = "empty"
             if item.msa_depth > 1:
                 msa = str(Path(scratch) / f"chain{index}.a3m")
-                Path(msa).write_text(_synthetic_a3m(sequence, item.msa_depth, rng))
+                Path(msa).write_text(synthetic_msa(sequence, item.msa_depth, rng))
             entities.append(Entity("protein", (chr(ord("A") + index),), sequence=sequence, msa=msa))
         target = Target(item.name, tuple(entities), source="bench", record=item.name)
         return featurize(target, seed=0).features

@@ -58,16 +58,11 @@ from foldmill.io.targets import Entity, Target
 from foldmill.io.worklist import build_worklist, summarize
 from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.demo import demo_model
+from foldmill.bench._synthetic import AMINO_ACID_FREQUENCIES, AMINO_ACIDS, synthetic_msa
 from foldmill.runtime.sharding import plan_shards
 
 log = logging.getLogger(__name__)
 
-AMINO_ACIDS = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
-# UniProtKB/Swiss-Prot amino-acid composition (same order), so sequences look like proteins.
-AMINO_ACID_FREQUENCIES = np.array(
-    [8.25, 1.38, 5.46, 6.72, 3.86, 7.07, 2.27, 5.91, 5.80, 9.64, 2.41, 4.06, 4.74, 3.93, 5.53, 6.65, 5.36, 6.86, 1.10, 2.92]
-)
-AMINO_ACID_FREQUENCIES = AMINO_ACID_FREQUENCIES / AMINO_ACID_FREQUENCIES.sum()
 TABLE_COLUMNS = [
     "system", "targets", "written", "residues", "wall_s", "gpus", "residues_per_gpu_hour",
     "fold_s", "busy_fraction", "idle_between_targets_fraction", "ratio_vs_oss",
@@ -137,23 +132,6 @@ def sample_targets(targets: list[SyntheticTarget], size: int, seed: int) -> list
         return list(targets)
     chosen = np.sort(np.random.default_rng(seed + 1).choice(len(targets), size=size, replace=False))
     return [targets[i] for i in chosen]
-
-
-def synthetic_msa(query: str, depth: int, rng: np.random.Generator) -> str:
-    """A3M text: the query, then depth-1 homologs at 30-90% identity with gaps and insertions."""
-    rows = np.tile(np.array(list(query)), (depth - 1, 1))
-    identity = rng.uniform(0.3, 0.9, size=(depth - 1, 1))
-    mutate = rng.random(rows.shape) > identity
-    rows[mutate] = rng.choice(AMINO_ACIDS, size=int(mutate.sum()), p=AMINO_ACID_FREQUENCIES)
-    rows[rng.random(rows.shape) < 0.05] = "-"
-    lines = [">query", query]
-    inserts = rng.random(rows.shape) < 0.02
-    for number, (row, insert_at) in enumerate(zip(rows, inserts), start=1):
-        text = "".join(row)
-        for position in np.flatnonzero(insert_at)[::-1]:  # lowercase = insertion relative to the query
-            text = text[: position + 1] + AMINO_ACIDS[rng.integers(20)].lower() + text[position + 1 :]
-        lines += [f">homolog_{number}", text]
-    return "\n".join(lines) + "\n"
 
 
 def write_inputs(targets: list[SyntheticTarget], directory: Path, msa_depth: int, seed: int) -> Path:
