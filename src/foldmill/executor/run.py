@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from foldmill.errors import FoldmillError
 from foldmill.executor.cluster import ray_session, start_pools, stop_pools
 from foldmill.executor.engine import Engine, FeaturizeStage, Staging, WriteStage, run_provenance
 from foldmill.executor.plan import WorkItem, over_budget, plan_run
@@ -22,6 +21,7 @@ from foldmill.executor.progress import Progress, summary_text
 from foldmill.executor.records import Journal, TargetRecord, journal_path, write_fold_table
 from foldmill.executor.scheduler import Scheduler
 from foldmill.executor.settings import ExecutorSettings, ModelSettings
+from foldmill.io.worklist import read_worklist_table
 from foldmill.outputs.writer import target_dir
 
 log = logging.getLogger(__name__)
@@ -58,15 +58,7 @@ def work_items(table: pd.DataFrame) -> list[WorkItem]:
 
 def read_work_items(path: str | Path) -> list[WorkItem]:
     """Work items of a worklist or shard table (TSV or Parquet, as foldmill writes them)."""
-    path = Path(path)
-    try:
-        table = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    except (OSError, ValueError) as error:
-        raise FoldmillError(f"{path}: cannot read worklist: {error}") from None
-    missing = [column for column in ("target_id", "n_tokens", "content_hash", "spec") if column not in table.columns]
-    if missing:
-        raise FoldmillError(f"{path}: not a foldmill worklist or shard (no column {missing[0]!r})")
-    return work_items(table)
+    return work_items(read_worklist_table(path, ("target_id", "n_tokens", "content_hash", "spec")))
 
 
 def replica_memory_share(model: ModelSettings, executor: ExecutorSettings) -> float:

@@ -182,13 +182,19 @@ def write_worklist(result: WorklistResult, outdir: str | Path, write_rejects: bo
             result.rejects.to_csv(tmp, sep="\t", index=False)
 
 
-def load_worklist(path: str | Path) -> list[Target]:
-    """Rebuild the Targets of a worklist written by `write_worklist` (TSV or Parquet)."""
+def read_worklist_table(path: str | Path, columns: Sequence[str] = ("spec",)) -> pd.DataFrame:
+    """A worklist or shard table written by foldmill (TSV or Parquet), checked for `columns`."""
     path = Path(path)
     try:
         table = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
     except (OSError, ValueError) as error:
         raise FoldmillError(f"{path}: cannot read worklist: {error}") from None
-    if "spec" not in table.columns:
-        raise FoldmillError(f"{path}: not a foldmill worklist (no 'spec' column)")
-    return [Target.from_json(spec) for spec in table["spec"]]
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise FoldmillError(f"{path}: not a foldmill worklist or shard (no column {missing[0]!r})")
+    return table
+
+
+def load_worklist(path: str | Path) -> list[Target]:
+    """Rebuild the Targets of a worklist written by `write_worklist` (TSV or Parquet)."""
+    return [Target.from_json(spec) for spec in read_worklist_table(path)["spec"]]
