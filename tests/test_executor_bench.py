@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from foldmill.bench.throughput import (
-    idle_between_targets, oss_command, sample_targets, synthetic_worklist, timeline, write_inputs,
+    check_boltz_cache, idle_between_targets, oss_command, oss_timeline, sample_targets, synthetic_worklist, timeline,
+    write_inputs,
 )  # fmt: skip
+from foldmill.errors import FoldmillError
 from foldmill.executor.records import Journal, TargetRecord, journal_path
+from foldmill.executor.transfer import pack_features, unpack_features
 from foldmill.io.worklist import build_worklist
 from foldmill.msa.parse import read_msa
 
@@ -26,6 +31,14 @@ def test_fixed_worklist_is_seeded_two_chain_and_in_range() -> None:
     sample = sample_targets(first, 20, seed=7)
     assert sample == sample_targets(first, 20, seed=7) and len(set(t.target_id for t in sample)) == 20
     assert sample_targets(first, 0, seed=7) == first
+    capped = sample_targets(first, 6, seed=7, max_length=1000)
+    assert len(capped) == 6 and all(t.residues <= 1000 for t in capped)
+    eligible = [t for t in first if t.residues <= 1000]
+    assert set(t.target_id for t in capped) <= set(t.target_id for t in eligible)
+    assert capped != eligible[:6]  # a shuffled sample of those, not the first 6
+    assert set(t.target_id for t in sample_targets(first, 3, seed=7, max_length=1000)) <= set(t.target_id for t in capped)
+    with pytest.raises(FoldmillError, match="at most 150 residues"):
+        sample_targets(first, 3, seed=7, max_length=150)
 
 
 def test_inputs_are_boltz_yaml_with_msas_of_the_requested_depth(tmp_path: Path) -> None:
@@ -48,14 +61,47 @@ def test_inputs_are_boltz_yaml_with_msas_of_the_requested_depth(tmp_path: Path) 
 def test_oss_side_runs_the_same_recipe_on_the_same_inputs(tmp_path: Path) -> None:
     args = argparse.Namespace(
         boltz_cache=tmp_path / "cache", device="cuda", recycling_steps=3, sampling_steps=200, diffusion_samples=5,
-        max_parallel_samples=5, seed=0,
+        max_parallel_samples=5, seed=0, cpu_workers=6,
     )  # fmt: skip
     command = oss_command(tmp_path / "inputs", tmp_path / "oss", args, tmp_path / "boltz2_conf.ckpt", gpus=1)
-    flags = dict(zip(command[5::2], command[6::2]))
-    assert command[2:5] == ["boltz.main", "predict", str(tmp_path / "inputs")]
+    assert command[2:5] == ["boltz.main", "predict", str(tmp_path / "inputs")] and command[-1] == "--override"
+    flags = dict(zip(command[5:-1:2], command[6:-1:2]))
     assert flags["--recycling_steps"] == "3" and flags["--sampling_steps"] == "200"
     assert flags["--diffusion_samples"] == "5" and flags["--checkpoint"] == str(tmp_path / "boltz2_conf.ckpt")
-    assert flags["--accelerator"] == "gpu" and flags["--devices"] == "1"
+    assert flags["--accelerator"] == "gpu" and flags["--devices"] == "1" and flags["--output_format"] == "mmcif"
+    assert flags["--num_workers"] == "6" and flags["--preprocessing-threads"] == "6"
+    # offline, unsteered (the model has no potentials), OSS's own cuEquivariance kernels on
+    assert not {"--use_msa_server", "--use_potentials", "--no_kernels"} & set(command)
+
+
+def test_boltz_cache_must_hold_mols_and_non_empty_checkpoints(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(FoldmillError, match="mols/"):
+        check_boltz_cache(cache)
+    (cache / "mols").mkdir(parents=True)
+    (cache / "boltz2_conf.ckpt").write_bytes(b"x")
+    (cache / "boltz2_aff.ckpt").write_bytes(b"")
+    with pytest.raises(FoldmillError, match="boltz2_aff.ckpt is missing or empty"):
+        check_boltz_cache(cache)
+    (cache / "boltz2_aff.ckpt").write_bytes(b"x")
+    assert check_boltz_cache(cache) == cache
+
+
+def test_oss_timeline_reads_when_each_target_was_written(tmp_path: Path) -> None:
+    targets = synthetic_worklist(3, seed=0, min_length=40, max_length=80)
+    results = tmp_path / "oss" / "boltz_results_inputs"
+    (results / "processed").mkdir(parents=True)
+    (results / "processed" / "manifest.json").write_text("{}")
+    os.utime(results / "processed" / "manifest.json", (1005.0, 1005.0))
+    for target, written in zip(targets[:2], (1030.0, 1020.0)):  # the third was never written
+        model = results / "predictions" / target.target_id / f"{target.target_id}_model_0.cif"
+        model.parent.mkdir(parents=True)
+        model.write_text("data_x\n")
+        os.utime(model, (written, written))
+    frame = oss_timeline(tmp_path / "oss", tmp_path / "inputs", targets, started=1000.0)
+    assert frame["target_id"].tolist() == ["(preprocessing)", targets[1].target_id, targets[0].target_id]
+    assert frame["written_s"].tolist() == [5.0, 20.0, 30.0]
+    assert frame["residues"].tolist() == [0, targets[1].residues, targets[0].residues]
 
 
 def test_timeline_and_idle_share_come_from_the_journal(tmp_path: Path) -> None:
@@ -71,3 +117,19 @@ def test_timeline_and_idle_share_come_from_the_journal(tmp_path: Path) -> None:
     assert frame["fold_start_s"].tolist() == [0.0, 11.0, 0.5]
     assert {"model_trunk_s", "model_diffusion_s"} <= set(frame.columns)
     assert idle_between_targets(frame) == pytest.approx(1.0 / (20.0 + 19.5))  # one 1 s gap on gpu0
+
+
+def test_sparse_tensors_that_are_not_one_hot_are_packed_exactly() -> None:
+    """The one-hot test that keeps disto_target small on its way to the GPU must not take a sparse
+    tensor with two 1s in a row, or a value other than 1, for one-hot."""
+    two_in_a_row = torch.zeros(3, 4, 64)
+    two_in_a_row[1, 2, 5] = two_in_a_row[1, 2, 9] = 1.0
+    a_two = torch.zeros(5, 32, dtype=torch.int64)
+    a_two[4, 3] = 2
+    vector = torch.zeros(64)
+    vector[17] = 1.0
+    for tensor, kind in ((two_in_a_row, "raw"), (a_two, "narrow"), (vector, "one_hot")):
+        packed = pack_features({"x": tensor})["x"]
+        assert packed.kind == kind
+        back = unpack_features({"x": packed}, torch.device("cpu"))["x"]
+        assert back.dtype == tensor.dtype and torch.equal(back, tensor)

@@ -17,7 +17,6 @@ from foldmill.model.fastpath import (
     FP32_SCORE_LAYERS,
     FastBoltz2,
     FastPathOptions,
-    layer_major,
     low_precision_score_model,
 )
 
@@ -103,14 +102,6 @@ def test_low_precision_score_model_keeps_coordinate_layers_fp32(model):
             assert module.weight.dtype == torch.float32, name  # norms keep fp32 parameters
 
 
-def test_layer_major_bias_keeps_values_and_makes_layer_slices_contiguous():
-    bias = torch.randn(2, 5, 7, 4 * 3)
-    stored = layer_major(bias, depth=4)
-    assert torch.equal(stored, bias) and stored.clone().stride() == stored.stride()  # graph copies keep it
-    layer = stored.view(2, 5, 7, 4, 3)[:, :, :, 2].movedim(-1, 1)  # what the token transformer reads
-    assert all(layer[b].is_contiguous() for b in range(2))
-
-
 def test_options_are_validated():
     with pytest.raises(ValueError, match="precision"):
         FastPathOptions(precision="int8")
@@ -150,3 +141,128 @@ def test_speedup_summary():
     ]
     assert speedups(rows, "oss-eager") == {"a": 5.0, "b": 2.0}
     assert geomean([5.0, 2.0]) == pytest.approx(10**0.5, abs=1e-3)
+
+
+def test_low_precision_network_is_a_bf16_copy_that_leaves_the_model_alone(model):
+    from foldmill.model.fastpath import ComputeDtypeLayerNorm, low_precision_network
+    from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
+
+    copy = low_precision_network(model, torch.bfloat16)
+    assert copy.state_dict().keys() == model.state_dict().keys()  # same names, loadable both ways
+    assert copy.structure_module.score_model is model.structure_module.score_model  # shared, not copied
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(type(m) is torch.nn.LayerNorm for m in model.modules() if isinstance(m, torch.nn.LayerNorm))
+    trimul = next(m for m in copy.modules() if isinstance(m, TriangleMultiplicationOutgoing))
+    assert trimul.p_in.weight.dtype == torch.float32  # cuEquivariance reads these itself
+    assert copy.pairformer_module.layers[0].attention.proj_q.weight.dtype == torch.bfloat16
+    norm = copy.pairformer_module.layers[0].pre_norm_s
+    assert isinstance(norm, ComputeDtypeLayerNorm) and norm.weight.dtype == torch.float32
+
+
+def test_compute_dtype_layer_norm_matches_fp32_norm_rounded_once():
+    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+
+    norm = torch.nn.LayerNorm(16)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(3, 5, 16) * 4 + 1
+    expected = norm(x)
+    norm.__class__ = ComputeDtypeLayerNorm
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        from_fp32 = norm(x)
+        from_bf16 = norm(x.bfloat16())
+    assert from_fp32.dtype == from_bf16.dtype == torch.bfloat16
+    assert torch.equal(from_fp32, expected.bfloat16())  # fp32 statistics, one rounding of the output
+    torch.testing.assert_close(from_bf16.float(), norm(x.bfloat16().float()), rtol=1e-2, atol=2e-2)
+    assert torch.equal(norm(x), expected)  # outside autocast: the plain fp32 LayerNorm
+
+
+@pytest.mark.parametrize("residual", ["fp32", "bf16"])
+def test_bf16_trunk_copy_stays_close_to_the_autocast_trunk(model, features, residual):
+    """The bf16 weight copy computes what bf16 autocast over the fp32 model computes, within bf16 rounding,
+    and keeps the trunk's s/z in the requested residual precision."""
+    feats = copy_of(features)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model.trunk(feats, recycling_steps=0)
+    fast = FastBoltz2(model, FastPathOptions(trunk_residual=residual))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        ours = fast.network.trunk(feats, 0, fast.options.residual_dtype)
+    dtype = torch.float32 if residual == "fp32" else torch.bfloat16
+    assert ours.s.dtype == ours.z.dtype == dtype
+    for name in ("s", "z"):
+        assert max_relative_error(getattr(ours, name).float(), getattr(expected, name).float()) < 0.05, name
+
+
+def test_bf16_residual_fast_path_runs_and_stays_close(model, features):
+    expected = model.predict(copy_of(features), RECIPE)
+    out = FastBoltz2(model, FastPathOptions(trunk_residual="bf16")).predict(copy_of(features), RECIPE)
+    assert out["z"].dtype == torch.float32 and out["z"].shape == expected["z"].shape
+    assert (out["plddt"] - expected["plddt"]).abs().max() < 0.05
+    rmsd = coordinate_rmsd(out["sample_atom_coords"], expected["sample_atom_coords"], features["atom_pad_mask"][0])
+    assert (rmsd / expected["sample_atom_coords"].std()).max() < 0.05
+
+
+def test_shared_pair_bias_is_broadcast_and_equals_the_repeated_bias():
+    from foldmill.model.layers.attention_pair_bias import AttentionPairBias, shared_by_samples
+
+    torch.manual_seed(0)
+    bias = torch.randn(1, 4, 6, 6)
+    shared = shared_by_samples(bias, 3)
+    assert shared.stride(0) == 0 and torch.equal(shared, bias.repeat_interleave(3, 0))  # a view, same values
+    two_records = torch.randn(2, 4, 6, 6)
+    assert torch.equal(shared_by_samples(two_records, 3), two_records.repeat_interleave(3, 0))
+    layer = AttentionPairBias(c_s=16, num_heads=4, compute_pair_bias=False).eval()
+    s = torch.randn(3, 6, 16)
+    mask = torch.ones(3, 6)
+    mask[:, -1] = 0
+    pair_bias = torch.randn(1, 6, 6, 4)
+    with torch.no_grad():
+        out = layer(s, pair_bias, mask, k_in=s, multiplicity=3)
+        repeated = layer(s, pair_bias.repeat_interleave(3, 0), mask, k_in=s, multiplicity=1)
+    assert torch.equal(out, repeated)
+
+
+def test_graphed_pairformer_runs_the_stack_eagerly_off_cuda(model, features):
+    from foldmill.model.fastpath import GraphedPairformer
+
+    fast = FastBoltz2(model, FastPathOptions())
+    assert isinstance(fast.network.pairformer_module, GraphedPairformer)
+    assert not isinstance(model.pairformer_module, GraphedPairformer)  # the caller's model is untouched
+    fast.predict(copy_of(features), RECIPE)
+    assert fast.network.pairformer_module.graphs.captures == 0  # CPU: no graphs, no capture attempts
+
+
+def test_outer_product_mean_by_token_rows_equals_unchunked():
+    from foldmill.model.layers.outer_product_mean import OuterProductMean
+    from foldmill.model.msa_module import MSAChunking
+
+    torch.manual_seed(1)
+    layer = OuterProductMean(c_in=8, c_hidden=4, c_out=6).eval()
+    torch.nn.init.normal_(layer.proj_o.weight)
+    m = torch.randn(1, 5, 11, 8)
+    mask = (torch.rand(1, 5, 11) > 0.2).float()
+    with torch.no_grad():
+        expected = layer(m, mask)
+        for rows in (1, 4, 11, 32):
+            torch.testing.assert_close(layer(m, mask, token_rows=rows), expected, rtol=1e-6, atol=1e-6)
+    big = MSAChunking.for_tokens(6000)
+    assert big.outer_product is None and 6000 * 32 * 32 * 4 * big.outer_product_rows <= 1 << 30
+    assert MSAChunking.for_tokens(500).outer_product_rows is None  # Boltz-2's own policy up to 1,024 tokens
+
+
+def test_pair_transition_by_token_rows_equals_unchunked(monkeypatch):
+    from foldmill.model.layers import pairformer
+
+    assert pairformer.pair_transition_rows(1000, 128) is None  # Boltz-2's computation up to 1,024 tokens
+    assert 6000 * 4 * 128 * 4 * pairformer.pair_transition_rows(6000, 128) <= 1 << 30
+    torch.manual_seed(2)
+    layer = pairformer.PairformerNoSeqLayer(token_z=16, pairwise_head_width=4, pairwise_num_heads=2).eval()
+    z = torch.randn(1, 9, 9, 16)
+    pair_mask = torch.ones(1, 9, 9)
+    with torch.no_grad():
+        expected = layer(z, pair_mask)
+        monkeypatch.setattr(pairformer, "ROW_CHUNKED_TRANSITION_TOKENS", 4)
+        monkeypatch.setattr(pairformer, "PAIR_TRANSITION_BLOCK_BYTES", 2 * 9 * 4 * 16 * 4)  # 2 rows per block
+        assert pairformer.pair_transition_rows(9, 16) == 2
+        chunked = layer(z, pair_mask)
+    torch.testing.assert_close(chunked, expected, rtol=1e-6, atol=1e-6)

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from foldmill import kernels
-from foldmill.kernels import cueq
+from foldmill.kernels import cueq, triton_transition
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
-from foldmill.model.layers.triangle_attention import triangle_attention_core
+from foldmill.model.layers.transition import Transition, transition
+from foldmill.model.layers.triangle_attention import TriangleAttention, triangle_attention_core
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
 pytestmark = pytest.mark.gpu
@@ -31,6 +32,16 @@ def token_mask(n: int, real: int, seed: int) -> torch.Tensor:
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator(device=CUDA).manual_seed(seed)
+
+
+def randomized(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Unit-scale random weights (1/sqrt(fan-in) for matrices), on the GPU, for inference."""
+    g = generator(seed)
+    module = module.to(CUDA).eval().requires_grad_(False)
+    for parameter in module.parameters():
+        scale = parameter.shape[-1] ** -0.5 if parameter.dim() > 1 else 1.0
+        parameter.data = torch.randn(parameter.shape, device=CUDA, generator=g) * scale
+    return module
 
 
 def backends_to_test(op: str, dtype: torch.dtype) -> list[str]:
@@ -64,17 +75,32 @@ def test_triangle_attention_backends(n, dtype):
         assert relative_error(out, expected) <= tolerance, name
 
 
+@pytest.mark.parametrize("starting", [True, False])
+def test_triangle_attention_module_backends(starting):
+    """The module's fused q/k/v/g/bias projection hands every backend strided views of one
+    (B, N, N, 520) product (rows 16-byte aligned in bf16); each must accept them."""
+    n = 136
+    module = randomized(TriangleAttention(128, 32, 4, starting=starting), seed=11)
+    x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(12))
+    mask1d = token_mask(n, n - 6, n)
+    pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
+    with torch.no_grad():
+        with kernels.kernel_policy(enabled=False):
+            expected = module(x, pair_mask, 64)[:, : n - 6, : n - 6]
+        for name in backends_to_test("triangle_attention", torch.bfloat16):
+            with kernels.kernel_policy(force={"triangle_attention": name}), torch.autocast("cuda", torch.bfloat16):
+                out = module(x, pair_mask, 64)[:, : n - 6, : n - 6]
+            # Projections and gate are rounded to bf16 too (a layout error would be O(1)).
+            assert relative_error(out.float(), expected) <= 2 * BF16_TOL, name
+
+
 @pytest.mark.parametrize("n", [64, 400])
 @pytest.mark.parametrize("module_class", [TriangleMultiplicationOutgoing, TriangleMultiplicationIncoming])
 def test_triangle_multiplication_backends(n, module_class):
     if not cueq.available():
         pytest.skip("cuEquivariance ops not installed")
-    g = generator(n + 1)
-    module = module_class(128).to(CUDA).eval()
-    for parameter in module.parameters():
-        scale = parameter.shape[-1] ** -0.5 if parameter.dim() > 1 else 1.0
-        parameter.data = torch.randn(parameter.shape, device=CUDA, generator=g) * scale
-    x = torch.randn(1, n, n, 128, device=CUDA, generator=g)
+    module = randomized(module_class(128), seed=n + 1)
+    x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(n + 2))
     mask1d = token_mask(n, n - 3, n)
     pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
     with torch.no_grad():
@@ -116,6 +142,78 @@ def test_selection_on_this_gpu_follows_its_table():
     assert kernels.select("triangle_attention", torch.empty(0, device=CUDA), 256) != "cueq"  # fp32: never cuEq
 
 
+def _transition_module(dim: int, seed: int) -> Transition:
+    module = randomized(Transition(dim, 4 * dim), seed)
+    module.norm.weight.data = 1 + 0.2 * module.norm.weight.data  # LayerNorm scale around 1
+    return module
+
+
+def _needs_triton() -> None:
+    if not triton_transition.available():
+        pytest.skip("triton not installed")
+
+
+@pytest.mark.parametrize("dim", [128, 384])  # pair track (37 x 37 pair rows), single track (3 x 333 tokens)
+@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float32])
+def test_triton_transition_under_autocast(dim, input_dtype):
+    """As the trunk runs it: fp32 weights, bf16 autocast, the residual stream in bf16 or fp32."""
+    _needs_triton()
+    module = _transition_module(dim, seed=dim)
+    shape = (1, 37, 37, dim) if dim == 128 else (3, 333, dim)
+    x = torch.randn(shape, device=CUDA, generator=generator(dim + 1)).to(input_dtype)
+    with torch.no_grad():
+        with kernels.kernel_policy(enabled=False):
+            expected = module(x.float())
+        kernels.reset_counts()
+        with kernels.kernel_policy(force={"transition": "triton"}), torch.autocast("cuda", torch.bfloat16):
+            out = module(x)
+    assert kernels.chosen_counts() == {"transition/triton": 1}
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    assert relative_error(out, expected) <= BF16_TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_transition_every_block_config(dtype):
+    """Each autotuning candidate compiles, fits and is right (weights stored in `dtype`, no autocast)."""
+    _needs_triton()
+    from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, fused_transition
+
+    for dim, configs in ((128, NARROW_CONFIGS), (384, WIDE_CONFIGS)):
+        module = _transition_module(dim, seed=dim + 2)
+        params = (module.norm.weight, module.norm.bias, module.fc1.weight, module.fc2.weight, module.fc3.weight)
+        x = torch.randn(1031, dim, device=CUDA, generator=generator(dim + 3))
+        expected = transition(x, *params)
+        low = [p.to(dtype) if p.dim() > 1 else p for p in params]
+        for config in (*configs, None):  # None: the autotuned launch
+            out = fused_transition(x.to(dtype), *low, 1e-5, dtype, config)
+            assert relative_error(out, expected) <= BF16_TOL, (dim, config)
+
+
+def test_triton_transition_replays_in_a_cuda_graph():
+    """The first (eager) call tunes; capture and replay then launch the tuned kernel."""
+    _needs_triton()
+    module = _transition_module(128, seed=9)
+    g = generator(10)
+    x, other = (torch.randn(1, 48, 48, 128, device=CUDA, generator=g) for _ in range(2))
+    with torch.no_grad(), kernels.kernel_policy(force={"transition": "triton"}), torch.autocast("cuda", torch.bfloat16):
+        expected = module(other)  # eager warm-up, autotuning included
+        static_x = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            module(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = module(static_x)
+        static_x.copy_(other)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, expected)
+    if torch.cuda.get_device_capability() == (9, 0):  # the shipped sm_90 table: triton first
+        assert kernels.select("transition", torch.empty(0, device=CUDA, dtype=torch.bfloat16), 1000) == "triton"
+
+
 @dataclasses.dataclass
 class Conditioning:
     scale: torch.Tensor
@@ -125,7 +223,7 @@ def _affine(x: torch.Tensor, feats: dict, conditioning: Conditioning, repeats: i
     return (x @ feats["weight"] * conditioning.scale).repeat(repeats, 1)
 
 
-def test_graphed_call_replays_and_reloads_conditioning():
+def test_graphed_call_replays_and_recaptures_for_new_conditioning():
     g = generator(3)
     feats = {"weight": torch.randn(16, 16, device=CUDA, generator=g), "unused": torch.randn(4, device=CUDA)}
     conditioning = Conditioning(torch.tensor(2.0, device=CUDA))
@@ -134,16 +232,21 @@ def test_graphed_call_replays_and_reloads_conditioning():
         x = torch.randn(8, 16, device=CUDA, generator=g)
         torch.testing.assert_close(graphed(x, feats, conditioning, 2), _affine(x, feats, conditioning, 2))
     assert graphed.captures == 1 and graphed.replays == 3
-    # A new sampling run with other conditioning tensors: reloaded after new_generation().
-    conditioning = Conditioning(torch.tensor(-1.0, device=CUDA))
-    feats = {"weight": torch.randn(16, 16, device=CUDA, generator=g), "unused": feats["unused"]}
-    graphed.new_generation()
+    # Conditioning is read in place: a new value in the same tensor needs no recapture.
+    conditioning.scale.fill_(-1.0)
     x = torch.randn(8, 16, device=CUDA, generator=g)
     torch.testing.assert_close(graphed(x, feats, conditioning, 2), _affine(x, feats, conditioning, 2))
-    # Another shape: a second graph.
-    x = torch.randn(4, 16, device=CUDA, generator=g)
+    assert graphed.captures == 1
+    # A new sampling run with other conditioning tensors (other addresses): the stale graph is recaptured.
+    conditioning = Conditioning(torch.tensor(3.0, device=CUDA))
+    feats = {"weight": torch.randn(16, 16, device=CUDA, generator=g), "unused": feats["unused"]}
+    x = torch.randn(8, 16, device=CUDA, generator=g)
     torch.testing.assert_close(graphed(x, feats, conditioning, 2), _affine(x, feats, conditioning, 2))
     assert graphed.captures == 2
+    # Another shape: another graph.
+    x = torch.randn(4, 16, device=CUDA, generator=g)
+    torch.testing.assert_close(graphed(x, feats, conditioning, 2), _affine(x, feats, conditioning, 2))
+    assert graphed.captures == 3
 
 
 def test_graph_memory_guard_runs_eagerly():

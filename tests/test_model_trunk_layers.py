@@ -7,6 +7,7 @@ import torch
 from test_model_trunk_support import assert_matches, complex_features, load_into, randomize_, token_masks
 
 from foldmill.model.contact_conditioning import ContactConditioning
+from foldmill.model.layers import triangle_attention
 from foldmill.model.heads import BFactorModule, DistogramModule
 from foldmill.model.layers import (
     AttentionPairBias,
@@ -81,7 +82,10 @@ def test_triangle_multiplication(oss_cls, ours_cls):
     ],
 )
 @pytest.mark.parametrize("chunk_size", [None, 4])
-def test_triangle_attention(oss_cls, ours_cls, chunk_size):
+@pytest.mark.parametrize("row_blocks", [False, True])
+def test_triangle_attention(oss_cls, ours_cls, chunk_size, row_blocks, monkeypatch):
+    if row_blocks:  # the large-input path: q/k/v/g projected one row at a time
+        monkeypatch.setattr(triangle_attention, "PROJECTION_BLOCK_BYTES", 1)
     oss, ours = _pair_oracle(oss_cls(C_Z, 8, 2, inf=1e9), ours_cls(C_Z, 8, 2))
     x = _pair(3)
     _, pair_mask = token_masks(B, N, PAD)

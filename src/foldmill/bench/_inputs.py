@@ -101,11 +101,17 @@ def load_features(path: Path, device: str | torch.device = "cpu") -> dict[str, T
 
 
 def get_features(item: BenchInput, directory: Path | None, device: str | torch.device) -> dict[str, Tensor]:
-    """Stored features of `item` if `directory` holds them, else featurized now (and stored there)."""
+    """Stored features of `item` if `directory` holds them, else featurized now (and stored there), on
+    `device` without the training-only ones (the distogram target is 8.6 GiB at 6,000 tokens; no
+    contender's inference reads it). Featurizing is quadratic in memory (2,000 tokens: 3.4 s, 3.3 GiB
+    of RAM on CPU), so a 6,000-token monomer needs ~30 GiB: featurize it on the GPU machine."""
+    from foldmill.model.fastpath import TRAINING_ONLY_FEATURES
+
     path = feature_path(directory, item) if directory is not None else None
     if path is not None and path.is_file():
-        return load_features(path, device)
-    features = featurize_input(item)
-    if path is not None:
-        save_features(path, features)
-    return {name: value.to(device) for name, value in features.items()}
+        features = load_features(path)
+    else:
+        features = featurize_input(item)
+        if path is not None:
+            save_features(path, features)
+    return {name: value.to(device) for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}

@@ -10,6 +10,7 @@ Contenders:
                 mode, confidence one sample at a time (diffusion and confidence as OSS decides)
   oss-compile   the same after OSS's compile flags (in effect: its score model compiled)
   foldmill      foldmill.model.fastpath.FastBoltz2 with default options
+  foldmill-bf16z  foldmill with the trunk's s/z residual stream stored in bf16 (default: fp32)
   foldmill-eager, foldmill-nokernels   ablations: no CUDA graphs / reference ops only
 
 Peak memory = the call's peak allocation above what was allocated before it, plus the
@@ -18,7 +19,9 @@ Stage seconds come from CUDA events at module boundaries (embedding, templates, 
 pairformer, conditioning, diffusion, confidence).
 Accuracy: foldmill bf16 vs foldmill fp32 (kernels off) on one input with the same seed:
 per-sample coordinate RMSD after rigid alignment (<= 0.5 A) and pLDDT (complex and per token,
-<= 0.02); also fp32 trunk + bf16 score model, which separates the two precision choices.
+<= 0.02); also the bf16 residual stream, fp32 trunk + bf16 score model (which separates the two
+precision choices), and, when OSS runs, OSS's own drift (its bf16 autocast vs its fp32, same
+seed and weights): the yardstick for a randomly initialised, chaotic 64-block trunk.
 Writes forward_bench.json, forward_bench.md, forward_bench.tsv and speedup.png to --out,
 after every measurement (a run cut short keeps what it measured).
 """
@@ -51,9 +54,10 @@ from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
 # The issue's protocol: >= 9 inputs from ~30 to ~1,700 tokens, monomers and dimers.
 DEFAULT_INPUTS = "32,2x48@256,150,2x150@256,300,2x300@256,600,1000,2x600@256,1700"
-CONTENDERS = ("oss-eager", "oss-compile", "foldmill", "foldmill-eager", "foldmill-nokernels")
+CONTENDERS = ("oss-eager", "oss-compile", "foldmill", "foldmill-bf16z", "foldmill-eager", "foldmill-nokernels")
 FOLDMILL_OPTIONS = {
     "foldmill": {},
+    "foldmill-bf16z": {"trunk_residual": "bf16"},
     "foldmill-eager": {"cuda_graphs": False},
     "foldmill-nokernels": {"kernels": False},
 }
@@ -206,8 +210,27 @@ def radius_of_gyration(coords: Tensor, atom_mask: Tensor) -> Tensor:
     return ((atoms - atoms.mean(1, keepdim=True)) ** 2).sum(-1).mean(-1).sqrt()
 
 
-def accuracy_check(model: Boltz2, feats: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Any]:
-    """foldmill bf16 (and fp32 trunk + bf16 score model) against fp32, same seed; see the module docstring."""
+def drift(out: dict[str, Tensor], reference: dict[str, Tensor], atom_mask: Tensor) -> dict[str, Any]:
+    """How far one prediction is from a reference of the same input and seed (coordinates and pLDDT)."""
+    rmsd = coordinate_rmsd(out["sample_atom_coords"].float(), reference["sample_atom_coords"].float(), atom_mask)
+    complex_plddt = (out["complex_plddt"].float() - reference["complex_plddt"].float()).abs()
+    token_plddt = (out["plddt"].float() - reference["plddt"].float()).abs()
+    check = {
+        "rmsd_per_sample": [round(v, 4) for v in rmsd.tolist()],
+        "rmsd_max": round(rmsd.max().item(), 4),
+        "complex_plddt_diff_max": round(complex_plddt.max().item(), 5),
+        "token_plddt_diff_mean": round(token_plddt.mean().item(), 5),
+        "token_plddt_diff_max": round(token_plddt.max().item(), 5),
+        "trunk_s_relative_diff": round(((out["s"].float() - reference["s"]).norm() / reference["s"].norm()).item(), 5),
+    }
+    check["passed"] = check["rmsd_max"] <= RMSD_LIMIT and check["complex_plddt_diff_max"] <= PLDDT_LIMIT
+    return check
+
+
+def accuracy_check(
+    model: Boltz2, feats: dict[str, Tensor], recipe: InferenceRecipe, oss: Any = None
+) -> dict[str, Any]:
+    """foldmill's bf16 variants against fp32, same seed; with `oss`, OSS bf16 against OSS fp32 too."""
     reference = FastBoltz2(model, FastPathOptions(precision="fp32", kernels=False)).predict(feats, recipe)
     atom_mask = feats["atom_pad_mask"][0]
     result: dict[str, Any] = {
@@ -218,23 +241,21 @@ def accuracy_check(model: Boltz2, feats: dict[str, Tensor], recipe: InferenceRec
     }
     variants = {
         "bf16": FastPathOptions(),
+        "bf16_residual": FastPathOptions(trunk_residual="bf16"),
         "fp32_trunk_bf16_score": FastPathOptions(precision="fp32", score_precision="bf16"),
     }
     for name, options in variants.items():
-        out = FastBoltz2(model, options).predict(feats, recipe)
-        rmsd = coordinate_rmsd(out["sample_atom_coords"], reference["sample_atom_coords"], atom_mask)
-        complex_plddt = (out["complex_plddt"] - reference["complex_plddt"]).abs()
-        token_plddt = (out["plddt"] - reference["plddt"]).abs()
-        check = {
-            "rmsd_per_sample": [round(v, 4) for v in rmsd.tolist()],
-            "rmsd_max": round(rmsd.max().item(), 4),
-            "complex_plddt_diff_max": round(complex_plddt.max().item(), 5),
-            "token_plddt_diff_mean": round(token_plddt.mean().item(), 5),
-            "token_plddt_diff_max": round(token_plddt.max().item(), 5),
-            "trunk_s_relative_diff": round(((out["s"] - reference["s"]).norm() / reference["s"].norm()).item(), 5),
-        }
-        check["passed"] = check["rmsd_max"] <= RMSD_LIMIT and check["complex_plddt_diff_max"] <= PLDDT_LIMIT
-        result[name] = check
+        result[name] = drift(FastBoltz2(model, options).predict(feats, recipe), reference, atom_mask)
+    if oss is not None:
+        from foldmill.bench._oss_reference import oss_predict
+
+        steps = (recipe.recycling_steps, recipe.sampling_steps, recipe.diffusion_samples, recipe.max_parallel_samples)
+        try:  # a failure here must not lose foldmill's rows above
+            oss_fp32 = oss_predict(oss, feats, *steps, recipe.seed or 0, autocast=False)
+            oss_bf16 = oss_predict(oss, feats, *steps, recipe.seed or 0, autocast=True)
+            result["oss_bf16_vs_oss_fp32"] = drift(oss_bf16, oss_fp32, atom_mask)
+        except Exception as error:  # noqa: BLE001
+            result["oss_bf16_vs_oss_fp32"] = {"error": f"{type(error).__name__}: {error}"}
     result["passed"] = result["bf16"]["passed"]
     return result
 
@@ -425,7 +446,8 @@ def run(args: argparse.Namespace) -> int:
         if item.name == accuracy_input and not over_budget():
             try:
                 ours = models.foldmill_model(with_oss_weights=uses_oss)
-                payload["accuracy"] = {"input": item.name, **accuracy_check(ours, feats, recipe)}
+                oss = models.oss_model() if uses_oss else None
+                payload["accuracy"] = {"input": item.name, **accuracy_check(ours, feats, recipe, oss)}
             except Exception as error:  # noqa: BLE001
                 payload["accuracy"] = {"input": item.name, "error": f"{type(error).__name__}: {error}"}
                 traceback.print_exc()
@@ -480,13 +502,21 @@ def _measure_contender(
             kernels.reset_counts()
         return fast.predict(feats, warm_recipe if warm else recipe)
 
-    row = measure(call, StageTimer(ours), models.device, parameter_bytes(ours, fast.score_model))
+    own_bytes = parameter_bytes(ours, fast.score_model, fast.network)  # shared tensors counted once
+    row = measure(call, StageTimer(fast.network), models.device, own_bytes)
     row["kernel_calls"] = kernels.chosen_counts()
     row["graphs"] = {
         "captures": fast.graphs.captures,
         "replays": fast.graphs.replays,
         "eager": fast.graphs.eager_reasons,
     }
+    trunk_graphs = getattr(fast.network.pairformer_module, "graphs", None)  # FastBoltz2's GraphedPairformer
+    if trunk_graphs is not None:
+        row["trunk_graphs"] = {
+            "captures": trunk_graphs.captures,
+            "replays": trunk_graphs.replays,
+            "eager": trunk_graphs.eager_reasons,
+        }
     return row
 
 

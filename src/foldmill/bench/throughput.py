@@ -3,17 +3,23 @@
 The fixed worklist: `--targets` two-chain protein targets whose combined length is drawn uniformly
 from [--min-length, --max-length] (seeded), each with a synthetic MSA of `--msa-depth` rows per
 chain (A3M files), written as Boltz YAML inputs. A seeded `--sample` of it is what both sides fold,
-with the anchor recipe (3 recycles, 200 sampling steps, 5 diffusion samples by default):
+with the anchor recipe (3 recycles, 200 sampling steps, 5 diffusion samples by default). The sample
+is the first --sample targets of a seeded shuffle of the worklist, optionally only among those of
+at most --sample-max-length residues (the worklist itself keeps its range; the cap only fits the
+sample to the GPU time at hand):
   foldmill  worklist -> featurize -> fold -> written outputs, timed from reading the YAML files to
             the last written target (Ray and model start-up included);
   oss       `boltz predict` on the same YAML directory (with --oss, when `boltz` is importable). It
             needs --boltz-cache, a Boltz cache as `boltz predict` leaves it (mols/, and non-empty
             boltz2_conf.ckpt and boltz2_aff.ckpt, or it tries to download them). Both sides load the
             same weights: the --model checkpoint, or the demo's seeded weights exported to
-            OUT/<model>.ckpt (passed to boltz as --checkpoint).
+            WORK_DIR/<model>.ckpt (passed to boltz as --checkpoint).
 Residues per GPU-hour = residues of the targets written / (wall hours x GPUs). The foldmill row also
 reports replica busy time and the idle gaps between targets; timeline.tsv has every target's
-featurize, fold (start/end on its replica) and write times.
+featurize, fold (start/end on its replica) and write times, oss_timeline.tsv when each OSS target
+was written. foldmill runs first; OSS gets what is left of --time-budget (when set) and, stopped at
+it, is measured up to its last written target. throughput.tsv is rewritten (atomically) as each
+side finishes, so a run killed from outside still leaves the rows finished so far.
 
 --batching measures cross-target batching before the executor uses it: for each length in
 --batch-lengths, --batch-size targets folded one after another vs stacked into one forward of the
@@ -23,7 +29,8 @@ same model and recipe (writes batching.tsv; none of the anchor systems batches a
 sharded and planned, then pushed through the real Ray actor pools and bounded queues with
 pass-through stages, recording time and the driver's memory (flat memory on 20,000 targets).
 
-Writes OUT/throughput.tsv and OUT/throughput.md (and timeline.tsv, inputs/, runs/).
+Writes OUT/throughput.tsv and OUT/throughput.md (and timeline.tsv, oss_timeline.tsv, oss.log);
+the bulky inputs/, runs/ and the exported checkpoint go to --work-dir (default: OUT).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import importlib.util
 import logging
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -65,7 +73,7 @@ log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = [
     "system", "targets", "written", "residues", "wall_s", "gpus", "residues_per_gpu_hour",
-    "fold_s", "busy_fraction", "idle_between_targets_fraction", "ratio_vs_oss",
+    "fold_s", "startup_s", "busy_fraction", "idle_between_targets_fraction", "timed_out", "ratio_vs_oss",
 ]  # fmt: skip
 
 
@@ -89,6 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--out", type=Path, default=Path("bench-throughput"), help="output directory")
     parser.add_argument("--targets", type=int, default=1000, help="size of the fixed worklist")
     parser.add_argument("--sample", type=int, default=0, help="targets of the worklist both sides fold (0 = all)")
+    parser.add_argument("--sample-max-length", type=int, default=0,
+                        help="sample only among targets of at most this many residues (0 = no cap)")
     parser.add_argument("--seed", type=int, default=0, help="seed of lengths, sequences, MSAs and the sample")
     parser.add_argument("--min-length", type=int, default=200, help="shortest combined length of a target")
     parser.add_argument("--max-length", type=int, default=2800, help="longest combined length of a target")
@@ -100,7 +110,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sampling-steps", type=int, default=200)
     parser.add_argument("--diffusion-samples", type=int, default=5)
     parser.add_argument("--max-parallel-samples", type=int, default=5)
-    parser.add_argument("--cpu-workers", type=int, default=4, help="featurize actors and writers")
+    parser.add_argument("--cpu-workers", type=int, default=4,
+                        help="featurize actors and writers; OSS gets as many data loader workers and preprocessing threads")
+    parser.add_argument("--queue-depth", type=int, default=4,
+                        help="featurized targets kept ready per replica (deep MSAs take seconds to featurize)")
+    parser.add_argument("--object-store-mb", type=int, default=0, help="object store of the local Ray instance (0 = Ray's default)")
+    parser.add_argument("--time-budget", type=float, default=0.0,
+                        help="seconds for the whole command; OSS is stopped when it runs out (0 = no limit)")
+    parser.add_argument("--work-dir", type=Path, help="inputs, runs and the exported checkpoint (default: OUT)")
     parser.add_argument("--oss", action="store_true", help="also run `boltz predict` on the same sample")
     parser.add_argument("--boltz-cache", type=Path, help="Boltz cache with mols/ (for --oss)")
     parser.add_argument("--plan-only", action="store_true", help="no model: planning and queueing only")
@@ -126,12 +143,16 @@ def synthetic_worklist(count: int, seed: int, min_length: int, max_length: int) 
     return targets
 
 
-def sample_targets(targets: list[SyntheticTarget], size: int, seed: int) -> list[SyntheticTarget]:
-    """A seeded sample (in worklist order); size 0 or >= the worklist = all of it."""
-    if size <= 0 or size >= len(targets):
-        return list(targets)
-    chosen = np.sort(np.random.default_rng(seed + 1).choice(len(targets), size=size, replace=False))
-    return [targets[i] for i in chosen]
+def sample_targets(targets: list[SyntheticTarget], size: int, seed: int, max_length: int = 0) -> list[SyntheticTarget]:
+    """The first `size` targets of a seeded shuffle (among those of at most `max_length` residues when
+    set), in worklist order; size 0 = every eligible target."""
+    order = np.random.default_rng(seed + 1).permutation(len(targets))
+    chosen = [int(i) for i in order if not max_length or targets[i].residues <= max_length]
+    if size > 0:
+        chosen = chosen[:size]
+    if not chosen:
+        raise FoldmillError(f"no target of the worklist has at most {max_length} residues (--sample-max-length)")
+    return [targets[i] for i in sorted(chosen)]
 
 
 def write_inputs(targets: list[SyntheticTarget], directory: Path, msa_depth: int, seed: int) -> Path:
@@ -191,13 +212,21 @@ def export_demo_checkpoint(architecture: Boltz2Config, path: Path) -> Path:
     return path
 
 
-def run_foldmill(inputs: Path, out: Path, model: ModelSettings, cpu_workers: int) -> tuple[RunResult, float]:
+def executor_settings_for(args: argparse.Namespace) -> ExecutorSettings:
+    """The executor of the foldmill side: a local Ray instance with every visible GPU (counted by
+    torch, so Ray's own GPU detection is not relied on), --cpu-workers featurizers and writers, and
+    --queue-depth featurized targets ready per replica."""
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    return ExecutorSettings(
+        cpu_workers=args.cpu_workers, gpus=gpus, queue_depth=args.queue_depth, object_store_mb=args.object_store_mb
+    )
+
+
+def run_foldmill(inputs: Path, out: Path, model: ModelSettings, executor: ExecutorSettings) -> tuple[RunResult, float]:
     """Fold every YAML in `inputs`; (result, wall seconds from reading the inputs to the last write)."""
     started = time.monotonic()
     worklist = build_worklist([inputs])
-    result = fold_targets(
-        work_items(worklist.table), out, out / "fold" / "fold.tsv", model, ExecutorSettings(cpu_workers=cpu_workers), Staging()
-    )
+    result = fold_targets(work_items(worklist.table), out, out / "fold" / "fold.tsv", model, executor, Staging())
     return result, time.monotonic() - started
 
 
@@ -237,41 +266,89 @@ def foldmill_row(result: RunResult, wall: float, frame: pd.DataFrame, targets: i
     return {
         "system": "foldmill", "targets": targets, "written": len(written), "residues": residues, "wall_s": wall,
         "gpus": gpus, "residues_per_gpu_hour": residues * 3600 / (wall * gpus), "fold_s": result.fold_seconds,
-        "busy_fraction": busy, "idle_between_targets_fraction": idle_between_targets(frame),
+        "startup_s": wall - result.fold_seconds, "busy_fraction": busy,
+        "idle_between_targets_fraction": idle_between_targets(frame), "timed_out": False,
     }  # fmt: skip
 
 
 # -- OSS Boltz-2 -----------------------------------------------------------------------------------
 
+REQUIRED_CACHE_FILES = ("boltz2_conf.ckpt", "boltz2_aff.ckpt")  # `boltz predict` downloads them when missing or empty
+
+
+def check_boltz_cache(cache: Path | None) -> Path:
+    """The Boltz cache `boltz predict` runs offline with: mols/ and non-empty checkpoint files."""
+    if cache is None or not (cache / "mols").is_dir():
+        raise FoldmillError("--oss needs --boltz-cache: a Boltz cache directory holding mols/")
+    for name in REQUIRED_CACHE_FILES:
+        path = cache / name
+        if not path.is_file() or path.stat().st_size == 0:
+            raise FoldmillError(f"--boltz-cache {cache}: {name} is missing or empty, so boltz would try to download it")
+    return cache
+
+
 def oss_command(inputs: Path, out: Path, args: argparse.Namespace, checkpoint: Path, gpus: int) -> list[str]:
+    """`boltz predict` with the same recipe, offline, on the same inputs: no MSA server, no steering
+    potentials (the model under test has none), its cuEquivariance kernels on (no --no_kernels)."""
+    workers = str(max(1, args.cpu_workers))
     return [
         sys.executable, "-m", "boltz.main", "predict", str(inputs), "--out_dir", str(out),
         "--cache", str(args.boltz_cache), "--checkpoint", str(checkpoint), "--model", "boltz2",
         "--accelerator", "gpu" if args.device == "cuda" else "cpu", "--devices", str(gpus),
         "--recycling_steps", str(args.recycling_steps), "--sampling_steps", str(args.sampling_steps),
         "--diffusion_samples", str(args.diffusion_samples), "--max_parallel_samples", str(args.max_parallel_samples),
-        "--seed", str(args.seed), "--override",
+        "--seed", str(args.seed), "--output_format", "mmcif", "--num_workers", workers,
+        "--preprocessing-threads", workers, "--override",
     ]  # fmt: skip
 
 
+def oss_timeline(out: Path, inputs: Path, targets: list[SyntheticTarget], started: float) -> pd.DataFrame:
+    """When `boltz predict` finished its preprocessing and each target (its first model's mmCIF),
+    in seconds from its start (`started`, Unix time), from the files' modification times."""
+    results = out / f"boltz_results_{inputs.name}"
+    rows = []
+    manifest = results / "processed" / "manifest.json"
+    if manifest.exists():
+        rows.append({"target_id": "(preprocessing)", "residues": 0, "written_s": manifest.stat().st_mtime - started})
+    for target in targets:
+        model = results / "predictions" / target.target_id / f"{target.target_id}_model_0.cif"
+        if model.exists():
+            rows.append({"target_id": target.target_id, "residues": target.residues, "written_s": model.stat().st_mtime - started})
+    return pd.DataFrame(rows, columns=["target_id", "residues", "written_s"]).sort_values("written_s").reset_index(drop=True)
+
+
 def run_oss(
-    inputs: Path, out: Path, args: argparse.Namespace, checkpoint: Path, targets: list[SyntheticTarget], gpus: int
-) -> dict[str, object]:
+    inputs: Path, out: Path, args: argparse.Namespace, checkpoint: Path, targets: list[SyntheticTarget], gpus: int,
+    timeout: float | None, log_path: Path,
+) -> tuple[dict[str, object], pd.DataFrame]:
+    """Run `boltz predict` (stopped after `timeout` seconds); its row and timeline. Stopped, it is
+    measured up to its last written target, like foldmill (whose wall ends at its last write)."""
     command = oss_command(inputs, out, args, checkpoint, gpus)
     log.info("running %s", " ".join(command))
-    started = time.monotonic()
-    with open(out.parent / "oss.log", "w", encoding="utf-8") as handle:
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    started_unix, started = time.time(), time.monotonic()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as handle:
+        try:
+            done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False, timeout=timeout)
+            if done.returncode != 0:
+                log.warning("boltz predict exited with %d (see %s)", done.returncode, log_path)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            log.warning("boltz predict stopped at the time budget (%.0f s)", timeout)
     wall = time.monotonic() - started
-    predictions = out / f"boltz_results_{inputs.name}" / "predictions"
-    written = [t for t in targets if (predictions / t.target_id / f"{t.target_id}_model_0.cif").exists()]
-    if done.returncode != 0:
-        log.warning("boltz predict exited with %d (see %s)", done.returncode, out.parent / "oss.log")
-    residues = sum(t.residues for t in written)
-    return {
+    frame = oss_timeline(out, inputs, targets, started_unix)
+    written = frame[frame["residues"] > 0]
+    if timed_out and len(written):
+        wall = float(written["written_s"].max())
+    residues = int(written["residues"].sum())
+    row = {
         "system": "oss-boltz2", "targets": len(targets), "written": len(written), "residues": residues,
-        "wall_s": wall, "gpus": gpus, "residues_per_gpu_hour": residues * 3600 / (wall * gpus),
+        "wall_s": wall, "gpus": gpus, "residues_per_gpu_hour": residues * 3600 / (wall * gpus), "timed_out": timed_out,
     }  # fmt: skip
+    preprocessing = frame.loc[frame["target_id"] == "(preprocessing)", "written_s"]
+    if len(preprocessing):
+        row["startup_s"] = float(preprocessing.iloc[0])  # up to the end of its preprocessing (model load excluded)
+    return row, frame
 
 
 # -- cross-target batching ------------------------------------------------------------------------
@@ -368,8 +445,16 @@ def plan_only(targets: list[SyntheticTarget], out: Path, seed: int) -> dict[str,
 
 # -- the command ------------------------------------------------------------------------------------
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (`timeout`, Slurm) unwinds like an exception, so Ray's actors are stopped and a running
+    `boltz predict` is killed by the cleanup on the way out, and the rows written so far stay."""
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
-    out: Path = args.out
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    out: Path = args.out.resolve()  # Ray actors may run in another working directory
     out.mkdir(parents=True, exist_ok=True)
     if args.batching:
         lengths = [int(value) for value in args.batch_lengths.split(",")]
@@ -385,43 +470,73 @@ def run(args: argparse.Namespace) -> int:
             pd.DataFrame([row]).to_csv(tmp, sep="\t", index=False, float_format="%.3f")
         print(pd.DataFrame([row]).T.to_string(header=False))
         return 0
+    work = (args.work_dir or out).resolve()
+    work.mkdir(parents=True, exist_ok=True)
     checkpoint = None
     if args.oss:
         if importlib.util.find_spec("boltz") is None:
             raise FoldmillError("--oss needs OSS Boltz-2 (`boltz`) importable in this environment")
-        if args.boltz_cache is None or not (args.boltz_cache / "mols").is_dir():
-            raise FoldmillError("--oss needs --boltz-cache: a Boltz cache directory holding mols/")
+        if args.model == "demo":
+            raise FoldmillError("--oss needs the released architecture (--model demo-full or a checkpoint); OSS fixes some widths")
+        args.boltz_cache = check_boltz_cache(args.boltz_cache).resolve()
         architecture = demo_architecture(args.model)
-        checkpoint = export_demo_checkpoint(architecture, out / f"{args.model}.ckpt") if architecture else Path(args.model)
-    sample = sample_targets(worklist, args.sample, args.seed)
-    inputs = write_inputs(sample, out / "inputs", args.msa_depth, args.seed)
-    log.info("sample: %d of %d targets, %d residues", len(sample), len(worklist), sum(t.residues for t in sample))
-    shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun folds everything again, never resumes
-    result, wall = run_foldmill(inputs, out / "runs" / "foldmill", model_settings_for(args, checkpoint), args.cpu_workers)
-    frame = timeline(out / "runs" / "foldmill" / "fold" / "fold.tsv")
-    with atomic_path(out / "timeline.tsv") as tmp:
-        frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
-    rows = [foldmill_row(result, wall, frame, len(sample))]
+        checkpoint = export_demo_checkpoint(architecture, work / f"{args.model}.ckpt") if architecture else Path(args.model)
+    sample = sample_targets(worklist, args.sample, args.seed, args.sample_max_length)
+    inputs = write_inputs(sample, work / "inputs", args.msa_depth, args.seed)
+    lengths = sorted(t.residues for t in sample)
+    log.info("sample: %d of %d targets, %d residues (%s)", len(sample), len(worklist), sum(lengths), lengths)
+    shutil.rmtree(work / "runs", ignore_errors=True)  # a rerun folds everything again, never resumes
+    executor = executor_settings_for(args)
+    rows: list[dict[str, object]] = []
+    summary = "the foldmill side failed: see the log above"
+    try:
+        result, wall = run_foldmill(inputs, work / "runs" / "foldmill", model_settings_for(args, checkpoint), executor)
+        frame = timeline(work / "runs" / "foldmill" / "fold" / "fold.tsv")
+        with atomic_path(out / "timeline.tsv") as tmp:
+            frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
+        rows.append(foldmill_row(result, wall, frame, len(sample)))
+        summary = result.summary
+    except Exception:  # noqa: BLE001 - the OSS side is still worth measuring in the same (scarce) GPU session
+        log.exception("the foldmill side failed")
+    report = write_report(out, args, rows, summary, sample)
     if checkpoint is not None:
-        rows.append(run_oss(inputs, out / "runs" / "oss", args, checkpoint, sample, rows[0]["gpus"]))
-        if rows[1]["residues"]:
-            rows[0]["ratio_vs_oss"] = rows[0]["residues_per_gpu_hour"] / rows[1]["residues_per_gpu_hour"]
+        timeout = None
+        if args.time_budget:
+            timeout = max(1.0, args.time_budget - (time.monotonic() - started))
+        gpus = max(1, executor.gpus)
+        oss_row, oss_frame = run_oss(inputs, work / "runs" / "oss", args, checkpoint, sample, gpus, timeout, out / "oss.log")
+        with atomic_path(out / "oss_timeline.tsv") as tmp:
+            oss_frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
+        if rows and oss_row["residues"]:
+            rows[0]["ratio_vs_oss"] = rows[0]["residues_per_gpu_hour"] / oss_row["residues_per_gpu_hour"]
+        rows.append(oss_row)
+        report = write_report(out, args, rows, summary, sample)
+    print(report)
+    return 0 if rows and rows[0]["system"] == "foldmill" else 1
+
+
+def write_report(
+    out: Path, args: argparse.Namespace, rows: list[dict[str, object]], summary: str, sample: list[SyntheticTarget]
+) -> str:
+    """(Re)write throughput.tsv and throughput.md with the rows finished so far; the report text."""
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     with atomic_path(out / "throughput.tsv") as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
-    report = report_text(args, table, result.summary)
+    report = report_text(args, table, summary, sample)
     write_text_atomic(out / "throughput.md", report)
-    print(report)
-    return 0
+    return report
 
 
-def report_text(args: argparse.Namespace, table: pd.DataFrame, summary: str) -> str:
+def report_text(args: argparse.Namespace, table: pd.DataFrame, summary: str, sample: list[SyntheticTarget]) -> str:
     recipe = f"{args.recycling_steps} recycles, {args.sampling_steps} steps, {args.diffusion_samples} samples"
+    cap = f" of at most {args.sample_max_length} residues" if args.sample_max_length else ""
+    lengths = ", ".join(str(t.residues) for t in sorted(sample, key=lambda t: t.residues))
     return "\n".join([
         "# foldmill bench throughput",
         "",
-        f"Worklist: {args.targets} two-chain targets, {args.min_length}-{args.max_length} residues (seed {args.seed}), "
-        f"sample {args.sample or args.targets}; MSA depth {args.msa_depth} per chain; model {args.model}; {recipe}.",
+        f"Worklist: {args.targets} two-chain targets, {args.min_length}-{args.max_length} residues (seed {args.seed}); "
+        f"sample: {len(sample)} targets{cap} ({lengths} residues); MSA depth {args.msa_depth} per chain; "
+        f"model {args.model}; {recipe}; device {args.device}.",
         "",
         markdown_table(table),
         "",

@@ -85,8 +85,9 @@ def start_pools(
 ) -> Pools:
     """Create every actor and wait until each has built its stage (models loaded).
 
-    Actors are named `<role><index>-<run_id>` in the "foldmill" namespace, so `ray list actors`
-    (or a test) can find a run's replicas.
+    All actors are created before any is waited on, so featurizers and writers start while the
+    replicas load their models. Actors are named `<role><index>-<run_id>` in the "foldmill"
+    namespace, so `ray list actors` (or a test) can find a run's replicas.
     """
     remote = ray.remote(StageWorker)
     replicas = replica_count(settings, device)
@@ -104,22 +105,22 @@ def start_pools(
         names = [f"cpu{index}" for index in range(replicas)]
     restart = {"max_restarts": RESTARTS, "max_task_retries": 0}
 
-    def slots(role: str, prefixes: list[str], build: Callable[[], Any], options: dict[str, Any], threads: int) -> list[Slot]:
-        handles = [
+    def create(role: str, prefixes: list[str], build: Callable[[], Any], options: dict[str, Any], threads: int) -> list[Any]:
+        return [
             remote.options(name=f"{role}{index}-{run_id}", **options, **restart).remote(prefix, build, threads)
             for index, prefix in enumerate(prefixes)
         ]
-        return [
-            Slot(info["name"], handle, RESTARTS, token_budget=info["token_budget"])
-            for info, handle in zip(_ready(handles), handles)
-        ]
 
     workers = max(1, settings.cpu_workers)
-    pools = Pools(
-        featurizers=slots("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1),
-        replicas=slots("replica", names, build_replica, replica_options, replica_threads),
-        writers=slots("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1),
-    )
+    featurize_actors = create("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1)
+    replica_actors = create("replica", names, build_replica, replica_options, replica_threads)
+    write_actors = create("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1)
+    reports = iter(_ready(featurize_actors + replica_actors + write_actors))  # in that order
+
+    def slots(handles: list[Any]) -> list[Slot]:
+        return [Slot(info["name"], handle, RESTARTS, token_budget=info["token_budget"]) for handle, info in zip(handles, reports)]
+
+    pools = Pools(featurizers=slots(featurize_actors), replicas=slots(replica_actors), writers=slots(write_actors))
     log.info("replicas: %s", ", ".join(slot.name for slot in pools.replicas))
     return pools
 

@@ -27,7 +27,8 @@ from foldmill.executor.plan import WorkItem
 from foldmill.executor.settings import ModelSettings
 from foldmill.executor.transfer import PackedTensor, pack_features, unpack_features
 from foldmill.features import FeaturizedTarget, StagedInputs, featurize
-from foldmill.io.targets import Target
+from foldmill.features.vocab import PROTEIN_LETTERS
+from foldmill.io.targets import Entity, Target
 from foldmill.model.checkpoint import file_sha256
 from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.fastpath import FastBoltz2
@@ -89,6 +90,9 @@ class FeaturizeStage:
         self.staged_dir = staging.staged_dir
         self.seed = model.recipe.seed
         self.max_msa_seqs = model.max_msa_seqs
+        # Build the amino acids' reference components (CCD lookup, RDKit: ~3 s) now, while the
+        # replicas load their models, not during the first target, which a GPU waits for.
+        featurize(Target("warm-up", (Entity("protein", ("A",), "".join(PROTEIN_LETTERS), msa="empty"),)))
 
     def __call__(self, item: WorkItem) -> FoldInput:
         target = Target.from_json(item.spec)
@@ -104,7 +108,10 @@ class FeaturizeStage:
 class Engine:
     """One model replica on one device: the fast path on a GPU, the fp32 reference path on CPUs."""
 
-    def __init__(self, settings: ModelSettings, token_budget: int = 0, memory_share: float = 1.0) -> None:
+    def __init__(
+        self, settings: ModelSettings, token_budget: int = 0, memory_share: float = 1.0, run: dict[str, Any] | None = None
+    ) -> None:
+        """`run`: the run's provenance when the caller has it (hashing a 2 GB checkpoint again costs seconds)."""
         self.device = torch.device(settings.device)
         self.recipe = settings.recipe
         self.model = load_model(settings).to(self.device).eval()
@@ -112,7 +119,7 @@ class Engine:
         self.stage_seconds: dict[str, float] = {}  # of the latest target: trunk, diffusion, ... (fast path)
         self.provenance = {
             **self.model.provenance,
-            **run_provenance(settings),
+            **(run or run_provenance(settings)),
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "foldmill_version": __version__,
         }

@@ -107,7 +107,7 @@ def fold_targets(
                 executor,
                 model.device,
                 functools.partial(FeaturizeStage, staging, model),
-                functools.partial(Engine, model, executor.token_budget, replica_memory_share(model, executor)),
+                functools.partial(Engine, model, executor.token_budget, replica_memory_share(model, executor), provenance),
                 functools.partial(WriteStage, outdir, outputs.top_k, outputs.write_pdb),
                 run_id,
             )

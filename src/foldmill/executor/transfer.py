@@ -34,12 +34,15 @@ def pack_tensor(tensor: torch.Tensor) -> PackedTensor:
     shape, dtype = tuple(tensor.shape), tensor.dtype
     if tensor.numel() == 0 or tensor.is_complex():
         return PackedTensor("raw", shape, dtype, tensor)
-    if not tensor.any():
+    nonzeros = int(torch.count_nonzero(tensor))
+    if nonzeros == 0:
         return PackedTensor("zeros", shape, dtype)
-    if tensor.dim() >= 1 and tensor.shape[-1] >= 2 and _is_one_hot(tensor):
-        hot = tensor.to(torch.uint8).argmax(dim=-1)  # argmax takes no bool; 0/1 fit in uint8
-        hot[~tensor.any(dim=-1)] = -1
-        return PackedTensor("one_hot", shape, dtype, hot.to(_narrowest(-1, tensor.shape[-1] - 1)))
+    # One-hot along the last dimension has at most one non-zero per row: a cheap test first, as the
+    # largest features (disto_target: tokens^2 x 64) are one-hot and packing them is on the way to a GPU.
+    if tensor.dim() >= 1 and tensor.shape[-1] >= 2 and nonzeros <= tensor.numel() // tensor.shape[-1]:
+        hot = _hot_indices(tensor)
+        if hot is not None:
+            return PackedTensor("one_hot", shape, dtype, hot.to(_narrowest(-1, tensor.shape[-1] - 1)))
     if not tensor.is_floating_point() and tensor.dtype != torch.bool:
         narrow = _narrowest(int(tensor.min()), int(tensor.max()))
         if narrow.itemsize < tensor.element_size():
@@ -66,11 +69,27 @@ def unpack_features(packed: dict[str, PackedTensor], device: torch.device) -> di
     return {name: unpack_tensor(value, device) for name, value in packed.items()}
 
 
-def _is_one_hot(tensor: torch.Tensor) -> bool:
-    """Every entry 0 or 1, and at most one 1 along the last dimension."""
-    if not ((tensor == 0) | (tensor == 1)).all():
-        return False
-    return bool((tensor.sum(dim=-1, dtype=torch.int64) <= 1).all())
+def _hot_indices(tensor: torch.Tensor) -> torch.Tensor | None:
+    """Where the 1 of each row (along the last dimension) is, -1 for a row of zeros; None unless every
+    entry is 0 or 1 with at most one 1 per row."""
+    positions = tensor.nonzero()  # (non-zeros, dims), in row-major order
+    if not bool((tensor[tuple(positions.unbind(dim=1))] == 1).all()):
+        return None
+    row_strides = torch.tensor(_contiguous_strides(tensor.shape[:-1]), dtype=torch.int64)
+    rows = (positions[:, :-1] * row_strides).sum(dim=1)  # flat index of each non-zero's row
+    if not bool((rows[1:] > rows[:-1]).all()):  # sorted, so a row with two non-zeros repeats
+        return None
+    hot = torch.full(tensor.shape[:-1], -1, dtype=torch.int64)
+    hot.view(-1)[rows] = positions[:, -1]
+    return hot
+
+
+def _contiguous_strides(shape: torch.Size) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
 
 
 def _narrowest(low: int, high: int) -> torch.dtype:

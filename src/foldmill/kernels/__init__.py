@@ -5,8 +5,9 @@
     with kernels.kernel_policy(enabled=False): ...          # the plain PyTorch reference everywhere
     with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...
 
-Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels.sdpa) and the
-reference; the choice per GPU architecture, dtype and size comes from a measured crossover
+Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels.sdpa), foldmill's
+own Triton kernels (foldmill.kernels.triton_transition: the fused LayerNorm + SwiGLU transition) and
+the reference; the choice per GPU architecture, dtype and size comes from a measured crossover
 table (crossover_sm90.json; foldmill.kernels.measure re-measures it).
 """
 

@@ -7,12 +7,18 @@ kernels are launch-bound below ~1,000 tokens. `GraphedCall(fn)` wraps `fn(*tenso
   (plus any extra key) select the graph (exact-shape buckets), kept in an LRU of at most
   `capacity` graphs; evicted graphs free their memory;
 - the first call of a shape runs eagerly while recording which dict entries `fn` reads, then
-  copies those inputs into graph-owned static buffers and captures; later calls copy their
-  inputs into the static buffers and replay. Inputs marked `per_call` are copied every call;
-  the others ("conditioning") only when `new_generation()` was called since (once per
-  sampling run), so a replay never reads memory the caller has freed;
+  captures. Inputs marked `per_call` (new values every call: the noisy coordinates) are copied
+  into graph-owned static buffers, at capture and before every replay. The others (the sampling
+  run's conditioning and features: the token transformer's bias alone is 1.4 GiB at 1,000 tokens
+  in bf16) are read in place, never copied: the graph records their addresses, so a replay is
+  only correct while the same memory holds them. Every call therefore compares the addresses
+  (and strides) of the in-place tensors fn reads with those captured; on a mismatch (a new
+  sampling run whose tensors live elsewhere) the stale graph is dropped and the shape captured
+  again. A replay never reads memory the caller has freed: it only happens while the caller
+  passes live tensors at exactly the captured addresses;
 - memory guard: no capture when less than `min_free_bytes` would stay free, or when the graphs
-  already hold `budget_bytes`; capture failures and refused captures run eagerly from then on.
+  already hold `budget_bytes` (static buffers and graph pools; in-place inputs are the caller's);
+  capture failures and refused captures run eagerly from then on.
 
 The returned tensor is the graph's static output: consume it before the next call.
 """
@@ -59,6 +65,17 @@ def _signature(value: Any) -> Hashable:
     return value
 
 
+def _addresses(value: Any, keys: set[str] | None = None) -> Hashable:
+    """Where the tensors of an in-place input live: data pointers and strides (shapes are in the key)."""
+    if isinstance(value, Tensor):
+        return (value.data_ptr(), value.stride())
+    if isinstance(value, dict):
+        return tuple((key, _addresses(value[key])) for key in sorted(value if keys is None else keys))
+    if dataclasses.is_dataclass(value):
+        return tuple(_addresses(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
+
+
 def _static_copy(value: Any, keys: set[str] | None = None) -> Any:
     if isinstance(value, Tensor):
         return value.clone()
@@ -93,10 +110,11 @@ def _nbytes(value: Any) -> int:
 @dataclasses.dataclass
 class _Entry:
     graph: torch.cuda.CUDAGraph
-    inputs: list[Any]
+    inputs: list[Any]  # per-call inputs: static buffers; others: the caller's values read at capture
+    read_keys: list[set[str] | None]  # per input, the dict keys fn reads (None: not a dict)
+    addresses: Hashable  # _addresses of the in-place inputs at capture
     output: Tensor
     nbytes: int
-    generation: int = -1
 
 
 class GraphedCall:
@@ -117,13 +135,15 @@ class GraphedCall:
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._eager: dict[Hashable, str] = {}  # shape key -> why it runs eagerly
-        self._generation = 0
         self.captures = 0
         self.replays = 0
 
-    def new_generation(self) -> None:
-        """The non-per-call inputs changed (a new sampling run): reload them before the next replay."""
-        self._generation += 1
+    def in_place_addresses(self, inputs: tuple[Any, ...], read_keys: list[set[str] | None]) -> Hashable:
+        """The addresses a graph captured from `inputs` reads in place (the inputs not marked per_call)."""
+        return tuple(
+            _addresses(value, keys) if not per_call else None
+            for value, keys, per_call in zip(inputs, read_keys, self.per_call)
+        )
 
     @property
     def eager_reasons(self) -> dict[str, str]:
@@ -136,6 +156,9 @@ class GraphedCall:
     def __call__(self, *inputs: Any, key: Hashable = None) -> Tensor:
         shape_key = (key, tuple(_signature(value) for value in inputs))
         entry = self._entries.get(shape_key)
+        if entry is not None and self.in_place_addresses(inputs, entry.read_keys) != entry.addresses:
+            del self._entries[shape_key]  # stale: it reads where the previous run's tensors were
+            entry = None
         if entry is None:
             if shape_key in self._eager:
                 return self.fn(*inputs)
@@ -143,11 +166,9 @@ class GraphedCall:
             if entry is None:
                 return self.fn(*inputs)
         self._entries.move_to_end(shape_key)
-        reload_all = entry.generation != self._generation
         for static, value, per_call in zip(entry.inputs, inputs, self.per_call):
-            if per_call or reload_all:
+            if per_call:
                 _load(static, value)
-        entry.generation = self._generation
         entry.graph.replay()
         self.replays += 1
         return entry.output
@@ -155,8 +176,12 @@ class GraphedCall:
     def _capture(self, shape_key: Hashable, inputs: tuple[Any, ...]) -> _Entry | None:
         recorded = [_RecordingDict(value) if isinstance(value, dict) else value for value in inputs]
         self.fn(*recorded)  # eager: the result of this call, and the dict keys fn reads
-        static = [_static_copy(value, value.read if isinstance(value, _RecordingDict) else None) for value in recorded]
-        static_bytes = _nbytes(static)
+        read_keys = [value.read if isinstance(value, _RecordingDict) else None for value in recorded]
+        static = [
+            _static_copy(value, keys) if per_call else value
+            for value, keys, per_call in zip(inputs, read_keys, self.per_call)
+        ]
+        static_bytes = _nbytes([value for value, per_call in zip(static, self.per_call) if per_call])
         held = sum(entry.nbytes for entry in self._entries.values())
         free, _ = torch.cuda.mem_get_info()
         if free - static_bytes < self.min_free_bytes or held + static_bytes > self.budget_bytes:
@@ -180,7 +205,8 @@ class GraphedCall:
             warnings.warn(f"CUDA graph capture failed, running eagerly: {error}", RuntimeWarning, stacklevel=3)
             torch.cuda.synchronize()
             return None
-        entry = _Entry(graph, static, output, static_bytes + pool_bytes, generation=self._generation)
+        addresses = self.in_place_addresses(inputs, read_keys)
+        entry = _Entry(graph, static, read_keys, addresses, output, static_bytes + pool_bytes)
         self._entries[shape_key] = entry
         self.captures += 1
         return entry

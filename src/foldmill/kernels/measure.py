@@ -2,8 +2,10 @@
 
 Shapes: triangle multiplication on a (1, N, N, 128) pair; triangle attention core with 4 heads
 x 32 over all N rows (the cuEquivariance layout); pair-biased attention with the trunk's 16
-heads x 24 over N tokens. Each backend runs through `kernels.dispatch` with the backend forced,
-so what is timed is what the model runs. Median of `repeats` CUDA-event timings after warm-up.
+heads x 24 over N tokens; the pair transition (128 -> 512 -> 128) on the fp32 (1, N, N, 128)
+pair (the single track's N rows of 384 are not timed: the table is keyed by tokens). Each
+backend runs through `kernels.dispatch` with the backend forced, so what is timed is what the
+model runs. Median of `repeats` CUDA-event timings after warm-up.
 Also records each backend's relative error against the fp32 reference on the same inputs.
 `foldmill bench kernels` writes the result as crossover_<arch>.json; point
 FOLDMILL_CROSSOVER_DIR at its directory to use it, or copy it into foldmill/kernels/.
@@ -33,6 +35,7 @@ def relative_error(value: Tensor, reference: Tensor) -> float:
 def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[], Tensor], Callable[[], Tensor]]]:
     """op -> (run in bf16 through the registry, fp32 reference on the same inputs)."""
     from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
+    from foldmill.model.layers.transition import Transition
     from foldmill.model.layers.triangle_attention import triangle_attention_core
     from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
 
@@ -66,6 +69,14 @@ def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[]
         args = (sq.to(dtype), sk.to(dtype), sv.to(dtype), s_bias.to(dtype), s_mask, 1e6)
         return lambda: kernels.dispatch("attention_pair_bias", attention_with_pair_bias, *args)
 
+    transition = Transition(128, 512).to(device).eval().requires_grad_(False)  # inference, as in the model
+    for parameter in transition.parameters():
+        parameter.data = randn(*parameter.shape) / (parameter.shape[-1] ** 0.5 if parameter.dim() > 1 else 1)
+
+    def transition_bf16() -> Tensor:
+        with torch.autocast("cuda", dtype=bf16):
+            return transition(pair)
+
     def reference(fn: Callable[[], Tensor]) -> Callable[[], Tensor]:
         def run() -> Tensor:
             with kernels.kernel_policy(enabled=False):
@@ -77,6 +88,7 @@ def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[]
         "triangle_multiplication": (trimul_bf16, reference(lambda: trimul(pair, pair_mask))),
         "triangle_attention": (tri_attention(bf16), reference(tri_attention(torch.float32))),
         "attention_pair_bias": (pair_bias_attention(bf16), reference(pair_bias_attention(torch.float32))),
+        "transition": (transition_bf16, reference(lambda: transition(pair))),
     }
 
 

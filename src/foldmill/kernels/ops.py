@@ -5,6 +5,7 @@
 | triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq          | x (B, N, N, C)   |
 | triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa    | keys of q        |
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
+| transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 
 cuEquivariance's fused `attention_pair_bias` is not routed: it also applies the input
 LayerNorm and the q/k/v/g/o projections, a wider boundary than the core function (and the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from foldmill.kernels import cueq, sdpa
+from foldmill.kernels import cueq, sdpa, triton_transition
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
 _CUDA = frozenset({"cuda"})
@@ -45,5 +46,13 @@ register_op(
     OpSpec(
         tokens=lambda q, k, *args, **kwargs: k.shape[1],
         backends=(Backend("sdpa", sdpa.attention_with_pair_bias, _CPU_AND_CUDA, _FLOAT),),
+    ),
+)
+register_op(
+    "transition",
+    OpSpec(
+        # Pair track (B, N, N, C) and single track (B, N, C) alike: the second-to-last axis is tokens.
+        tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
+        backends=(Backend("triton", triton_transition.transition, _CUDA, _HALF, triton_transition.available),),
     ),
 )

@@ -18,6 +18,7 @@ match the Boltz-2 checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -152,28 +153,38 @@ class AtomEncoder(nn.Module):
         if self.structure_prediction:
             atom_to_token = feats["atom_to_token"]
             c = c + broadcast_tokens_to_atoms(self.s_to_c_trans(s_trunk.float()), atom_to_token)
-            p = p + self._pair_from_tokens(self.z_to_p_trans(z.float()), atom_to_token)
+            p = p + self._pair_from_tokens(z, atom_to_token, lambda pairs: self.z_to_p_trans(pairs.float()))
 
         p = p + self.c_to_p_trans_q(c.view(batch, num_windows, windows.queries, 1, c.shape[-1]))
         p = p + self.c_to_p_trans_k(windows.key_window(c).reshape(batch, num_windows, 1, windows.keys, c.shape[-1]))
         p = p + self.p_mlp(p)
         return q, c, p
 
-    def _pair_from_tokens(self, z: Tensor, atom_to_token: Tensor) -> Tensor:
-        """Token-pair values (B, T, T, D) -> the windowed atom pairs' values (B, K, W, H, D)."""
+    def _pair_from_tokens(self, z: Tensor, atom_to_token: Tensor, transform: Callable[[Tensor], Tensor]) -> Tensor:
+        """`transform` of the token-pair values (B, T, T, C) at the windowed atom pairs -> (B, K, W, H, D).
+
+        `transform` acts on each pair alone, so it runs on whichever is smaller: the token pairs
+        before the gather, or the gathered atom pairs (large inputs: in fp32 the whole pair tensor
+        would be 17 GiB at 6,000 tokens, the atom pairs about a tenth of that).
+        """
         batch, num_tokens = z.shape[:2]
         windows = self.windows
         index, has_token = atom_token_index(atom_to_token)
         query_index = index.view(batch, -1, windows.queries, 1)
         key_index = windows.key_window(index).unsqueeze(2)
         pair_index = (query_index * num_tokens + key_index).flatten(1)  # (B, K*W*H)
+        transform_first = num_tokens * num_tokens <= pair_index.shape[1]
+        if transform_first:
+            z = transform(z)
         values = torch.gather(z.reshape(batch, num_tokens * num_tokens, -1), 1,
                               pair_index.unsqueeze(-1).expand(-1, -1, z.shape[-1]))
+        if not transform_first:
+            values = transform(values)
         values = values.view(*query_index.shape[:3], windows.keys, -1)
         # Padding atoms and keys beyond the ends have no token: zero.
         query_valid = has_token.view(batch, -1, windows.queries, 1, 1)
         key_valid = windows.key_window(has_token).reshape(batch, -1, 1, windows.keys, 1)
-        return values * query_valid.to(z) * key_valid.to(z)
+        return values * query_valid.to(values) * key_valid.to(values)
 
 
 class AtomTransformer(nn.Module):

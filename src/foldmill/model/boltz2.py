@@ -121,8 +121,14 @@ class Boltz2(nn.Module):
 
     # Trunk
 
-    def trunk(self, feats: dict[str, Tensor], recycling_steps: int) -> TrunkOutput:
-        """Input embedding and `recycling_steps + 1` passes of templates, MSA and pairformer."""
+    def trunk(
+        self, feats: dict[str, Tensor], recycling_steps: int, residual_dtype: torch.dtype | None = None
+    ) -> TrunkOutput:
+        """Input embedding and `recycling_steps + 1` passes of templates, MSA and pairformer.
+
+        residual_dtype: the dtype s and z are stored in between the blocks (the fast path's bf16 or
+        fp32 residual stream); None keeps whatever the computation produces (the fp32 reference).
+        """
         s_inputs = self.input_embedder(feats)
         s_init = self.s_init(s_inputs)
         z_init = self.z_init_1(s_inputs)[:, :, None] + self.z_init_2(s_inputs)[:, None, :]
@@ -132,6 +138,8 @@ class Boltz2(nn.Module):
         z_init = z_init + self.token_bonds_type(feats["type_bonds"].long())
         z_init = z_init + self.contact_conditioning(feats)
 
+        if residual_dtype is not None:
+            s_init, z_init = s_init.to(residual_dtype), z_init.to(residual_dtype)
         mask = feats["token_pad_mask"].float()
         pair_mask = mask[:, :, None] * mask[:, None, :]
         s = torch.zeros_like(s_init)

@@ -16,10 +16,18 @@ bonds, contact constraints, s_inputs outer terms) and with a distogram of the pr
 structure's representative atoms, refined by a pairformer stack, and read out by the
 heads. Parameter names match the Boltz-2 checkpoint (`confidence_module.*`, including
 the `boundaries` buffer).
+
+Memory (one sample at 6,000 tokens: a (N, N, 128) fp32 pair tensor is 17.2 GiB): the embedding sums
+accumulate into the module's own z in place (same values), the per-pair embeddings (bonds, bond
+types, contact constraints, predicted distances) are computed and added by blocks of token rows
+(foldmill.model.token_rows; the unblocked contact conditioning alone made ~60 GiB of
+temporaries), and the PAE/PDE logits keep the heads' dtype (bf16 under autocast, 4.3 GiB each)
+instead of being promoted to fp32 by a float mask.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +38,10 @@ from foldmill.model import confidence_metrics as metrics
 from foldmill.model.contact_conditioning import ContactConditioning
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.relative_position import RelativePositionEncoder
+from foldmill.model.token_rows import rows_per_block
+
+# The pair features ContactConditioning reads, sliced by token rows for a block.
+_CONTACT_FEATURES = ("contact_conditioning", "contact_threshold")
 
 PAE_MAX = 32.0  # A, upper end of the PAE / PDE bins
 
@@ -64,9 +76,11 @@ class ConfidenceHeads(nn.Module):
     def _pair_logits(self, z: Tensor, same_chain: Tensor | None, name: str) -> Tensor:
         if not self.use_separate_heads:
             return getattr(self, f"to_{name}_logits")(z)
-        intra = getattr(self, f"to_{name}_intra_logits")(z) * same_chain.float().unsqueeze(-1)
-        inter = getattr(self, f"to_{name}_inter_logits")(z) * (~same_chain).float().unsqueeze(-1)
-        return inter + intra
+        # Selecting is what Boltz-2's masked sum (intra * same + inter * other) computes, without the
+        # fp32 promotion of two (N, N, bins) tensors by the float masks.
+        intra = getattr(self, f"to_{name}_intra_logits")(z)
+        inter = getattr(self, f"to_{name}_inter_logits")(z)
+        return torch.where(same_chain.unsqueeze(-1), intra, inter)
 
     def forward(self, s: Tensor, z: Tensor, asym_id: Tensor) -> dict[str, Tensor]:
         """s (BM, N, token_s), z (BM, N, N, token_z), asym_id (BM, N) -> logits."""
@@ -77,6 +91,30 @@ class ConfidenceHeads(nn.Module):
             "resolved_logits": self.to_resolved_logits(s),
             "plddt_logits": self.to_plddt_logits(s),
         }
+
+
+def _accumulate(z: Tensor, update: Tensor) -> Tensor:
+    """z + update; in z's own storage where the sum keeps z's dtype (z must be the caller's private tensor)."""
+    if torch.result_type(z, update) != z.dtype:
+        return z + update
+    return z.add_(update)
+
+
+def _accumulate_by_rows(z: Tensor, pair_fn: Callable[[slice], Tensor]) -> Tensor:
+    """z + pair_fn(all rows), computed and added by blocks of token rows into z's own storage (converted
+    once to the sum's dtype, as `z + update` would promote it). z must be the caller's private tensor."""
+    tokens = z.shape[1]
+    rows = rows_per_block(tokens)
+    for start in range(0, tokens, rows):
+        block = pair_fn(slice(start, start + rows))
+        z = z.to(torch.result_type(z, block))
+        z[:, start : start + rows] += block
+    return z
+
+
+def _per_sample(x: Tensor, multiplicity: int) -> Tensor:
+    """x repeated for each sample, record-major; x itself (no copy) for one sample."""
+    return x if multiplicity == 1 else x.repeat_interleave(multiplicity, 0)
 
 
 def _concat_samples(outputs: list[Any]) -> Any:
@@ -156,22 +194,28 @@ class ConfidenceModule(nn.Module):
             s = self.s_norm(s)
         if self.add_s_input_to_s:
             s = s + self.s_input_to_s(s_inputs)
-        z = self.z_norm(z)
+        z = self.z_norm(z)  # a new tensor: from here on z is this method's own
         if self.add_z_input_to_z:
-            z = z + self.rel_pos(feats)
-            z = z + self.token_bonds(feats["token_bonds"].float())
+            z = _accumulate(z, self.rel_pos(feats))
+            z = _accumulate_by_rows(z, lambda rows: self.token_bonds(feats["token_bonds"][:, rows].float()))
             if self.bond_type_feature:
-                z = z + self.token_bonds_type(feats["type_bonds"].long())
-            z = z + self.contact_conditioning(feats)
-        z = z + self.s_to_z(s_inputs)[:, :, None, :] + self.s_to_z_transpose(s_inputs)[:, None, :, :]
-        if self.add_s_to_z_prod:
-            z = z + self.s_to_z_prod_out(
-                self.s_to_z_prod_in1(s_inputs)[:, :, None, :] * self.s_to_z_prod_in2(s_inputs)[:, None, :, :]
+                z = _accumulate_by_rows(z, lambda rows: self.token_bonds_type(feats["type_bonds"][:, rows].long()))
+            z = _accumulate_by_rows(
+                z, lambda rows: self.contact_conditioning({name: feats[name][:, rows] for name in _CONTACT_FEATURES})
             )
-        s = s.repeat_interleave(multiplicity, 0)
-        z = z.repeat_interleave(multiplicity, 0)
-        distance_bins = (rep_distances.unsqueeze(-1) > self.boundaries).sum(dim=-1).long()
-        return s, z + self.dist_bin_pairwise_embed(distance_bins)
+        z = _accumulate(z, self.s_to_z(s_inputs)[:, :, None, :])
+        z = _accumulate(z, self.s_to_z_transpose(s_inputs)[:, None, :, :])
+        if self.add_s_to_z_prod:
+            z = _accumulate(
+                z,
+                self.s_to_z_prod_out(
+                    self.s_to_z_prod_in1(s_inputs)[:, :, None, :] * self.s_to_z_prod_in2(s_inputs)[:, None, :, :]
+                ),
+            )
+        s = _per_sample(s, multiplicity)
+        z = _per_sample(z, multiplicity)
+        distance_bins = (rep_distances.unsqueeze(-1) > self.boundaries).sum(dim=-1)
+        return s, _accumulate_by_rows(z, lambda rows: self.dist_bin_pairwise_embed(distance_bins[:, rows]))
 
     def _forward_samples(
         self,

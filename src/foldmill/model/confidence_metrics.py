@@ -12,14 +12,22 @@ tokens; `feats` are the model's input features (batch B), repeated per sample he
 - tm_scores: pTM, ipTM, ligand/protein ipTM, pair-chain ipTM (its diagonal is per-chain pTM).
 - confidence_score: the ranking score (4 * complex pLDDT + (ipTM or pTM)) / 5.
 Chain-keyed results are dicts {asym_id: tensor (BM,)}.
+
+Per-pair reductions over bins (softmax expectations of the (BM, N, N, 64) PAE/PDE/distogram
+logits) run by blocks of token rows (foldmill.model.token_rows): under autocast the softmax is
+fp32, two (N, N, 64) fp32 temporaries of 8.6 GiB each at 6,000 tokens; same values per pair.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from foldmill.features.vocab import MOL_TYPE_ID
+from foldmill.model.token_rows import by_token_rows, rows_per_block
 
 PROTEIN = MOL_TYPE_ID["protein"]
 NONPOLYMER = MOL_TYPE_ID["ligand"]
@@ -37,12 +45,18 @@ def _repeat(feature: Tensor, multiplicity: int) -> Tensor:
     return feature.repeat_interleave(multiplicity, 0)
 
 
+def _over_bins_by_rows(logits: Tensor, reduce: Callable[[Tensor], Tensor]) -> Tensor:
+    """reduce(logits block) for blocks of token rows (dim 1) of binned logits (BM, N, ..., bins)."""
+    pairs_per_row = math.prod(logits.shape[2:-1])
+    return by_token_rows(lambda rows: reduce(logits[:, rows]), logits.shape[1], rows_per_block(pairs_per_row))
+
+
 def expected_value(logits: Tensor, end: float = 1.0) -> Tensor:
     """Expectation of the bin centres (end / bins * (k + 1/2)) under softmax(logits)."""
     num_bins = logits.shape[-1]
     bin_width = end / num_bins
     centres = torch.arange(start=0.5 * bin_width, end=end, step=bin_width, device=logits.device)
-    return torch.sum(logits.softmax(dim=-1) * centres, dim=-1)
+    return _over_bins_by_rows(logits, lambda block: torch.sum(block.softmax(dim=-1) * centres, dim=-1))
 
 
 def _weighted_mean_or_nan(values: Tensor, weights: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -81,8 +95,11 @@ def contact_weighted_pair_masks(
     distogram_logits: Tensor, feats: dict[str, Tensor], multiplicity: int
 ) -> tuple[Tensor, Tensor]:
     """Off-diagonal token pairs weighted by predicted contact probability: (all pairs, inter-chain pairs)."""
-    probs = _repeat(distogram_logits.softmax(dim=-1), multiplicity)
-    contact_prob = probs[..., : min(CONTACT_BINS, probs.shape[-1])].sum(-1)
+    contact_bins = min(CONTACT_BINS, distogram_logits.shape[-1])
+    contact_prob = _repeat(
+        _over_bins_by_rows(distogram_logits, lambda block: block.softmax(dim=-1)[..., :contact_bins].sum(-1)),
+        multiplicity,
+    )
     pad = _repeat(feats["token_pad_mask"], multiplicity).float()
     off_diagonal = 1 - torch.eye(pad.shape[1], device=pad.device).unsqueeze(0)
     pair = pad.unsqueeze(-1) * pad.unsqueeze(-2) * off_diagonal * contact_prob
@@ -221,7 +238,7 @@ def tm_scores(
     bin_width = 32.0 / num_bins
     centres = torch.arange(start=0.5 * bin_width, end=32.0, step=bin_width, device=pae_logits.device).unsqueeze(0)
     tm_per_bin = _tm_kernel(centres, pad.sum(dim=-1, keepdim=True)).unsqueeze(1).unsqueeze(2)
-    tm = torch.sum(pae_logits.softmax(dim=-1) * tm_per_bin, dim=-1)  # (BM, N, N)
+    tm = _over_bins_by_rows(pae_logits, lambda block: torch.sum(block.softmax(dim=-1) * tm_per_bin, dim=-1))  # (BM, N, N)
 
     mol_type = _repeat(feats["mol_type"], multiplicity)
     is_ligand = (mol_type == NONPOLYMER).float()

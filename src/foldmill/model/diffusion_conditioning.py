@@ -5,8 +5,14 @@ z (B, T, T, token_z) and the relative position encoding (B, T, T, token_z):
 - q, c: atom single features (B, N, atom_s), c conditioned on s;
 - atom_enc_bias / atom_dec_bias: per-layer attention biases of the atom encoder / decoder,
   (B, N/W, W, H, depth*heads), from the windowed atom-pair features;
-- token_trans_bias: per-layer biases of the token transformer (B, T, T, depth*heads).
+- token_trans_bias: per-layer biases of the token transformer (B, T, T, depth*heads), stored
+  layer-major (each layer's (H, T, T) block contiguous; see `token_transformer_bias`).
 Parameter names match the Boltz-2 checkpoint (`diffusion_conditioning.*`).
+
+The pair computations (pairwise conditioning, the token transformer's bias) act on each token
+pair alone, so they run a block of token rows at a time (foldmill.model.token_rows) and write
+into one preallocated output in the compute dtype: at 6,000 tokens the unblocked concatenation,
+transitions and 24 per-layer projections held ~80 GiB of temporaries; a block holds < 1 GiB.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from torch import Tensor, nn
 from foldmill.model.atom_attention import AtomEncoder
 from foldmill.model.config import Boltz2Config
 from foldmill.model.layers.transition import Transition
+from foldmill.model.token_rows import by_token_rows, rows_per_block
 
 
 @dataclass
@@ -82,14 +89,45 @@ class DiffusionConditioning(nn.Module):
         )
 
     def forward(
-        self, s_trunk: Tensor, z_trunk: Tensor, relative_position_encoding: Tensor, feats: dict[str, Tensor]
+        self,
+        s_trunk: Tensor,
+        z_trunk: Tensor,
+        relative_position_encoding: Tensor,
+        feats: dict[str, Tensor],
+        pairs_per_block: int | None = None,
     ) -> DiffusionConditioningOutput:
-        z = self.pairwise_conditioner(z_trunk, relative_position_encoding)
+        tokens = z_trunk.shape[1]
+        rows = rows_per_block(tokens, pairs_per_block)
+        z = by_token_rows(
+            lambda block: self.pairwise_conditioner(z_trunk[:, block], relative_position_encoding[:, block]),
+            tokens,
+            rows,
+        )
         q, c, p = self.atom_encoder(feats=feats, s_trunk=s_trunk, z=z)
+        atom_enc_bias = torch.cat([project(p) for project in self.atom_enc_proj_z], dim=-1)
+        atom_dec_bias = torch.cat([project(p) for project in self.atom_dec_proj_z], dim=-1)
+        del p
         return DiffusionConditioningOutput(
             q=q,
             c=c,
-            atom_enc_bias=torch.cat([project(p) for project in self.atom_enc_proj_z], dim=-1),
-            atom_dec_bias=torch.cat([project(p) for project in self.atom_dec_proj_z], dim=-1),
-            token_trans_bias=torch.cat([project(z) for project in self.token_trans_proj_z], dim=-1),
+            atom_enc_bias=atom_enc_bias,
+            atom_dec_bias=atom_dec_bias,
+            token_trans_bias=self.token_transformer_bias(z, rows),
         )
+
+    def token_transformer_bias(self, z: Tensor, rows: int) -> Tensor:
+        """(B, T, T, depth*H) from the conditioned pairs z, `rows` token rows at a time, written into
+        layer-major storage (B, depth, H, T, T): the transformer slices one layer and moves heads
+        first, which on the default layout would be a strided gather of the whole bias per layer and step."""
+        batch, tokens = z.shape[:2]
+        depth = len(self.token_trans_proj_z)
+        storage = None
+        for start in range(0, tokens, rows):
+            block = z[:, start : start + rows]
+            for layer, project in enumerate(self.token_trans_proj_z):
+                values = project(block)  # (B, rows, T, H)
+                if storage is None:
+                    storage = values.new_empty((batch, depth, values.shape[-1], tokens, tokens))
+                storage[:, layer, :, start : start + rows] = values.permute(0, 3, 1, 2)
+        assert storage is not None
+        return storage.permute(0, 3, 4, 1, 2).view(batch, tokens, tokens, -1)

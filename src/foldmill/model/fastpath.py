@@ -8,7 +8,12 @@
 stages in the same order, from the model's own modules; what it changes:
 
 - precision: trunk (input embedding, templates, MSA, pairformer), distogram/B-factor heads,
-  diffusion conditioning and confidence run under bf16 autocast. The diffusion sampler (noise
+  diffusion conditioning and confidence run from a copy of the model whose linear weights are
+  stored in bf16 (`low_precision_network`: no per-call weight casts; triangle multiplication
+  keeps fp32 weights, which cuEquivariance reads itself) and whose LayerNorms compute in fp32 and
+  return bf16 (`ComputeDtypeLayerNorm`), under bf16 autocast. The trunk's s/z residual stream is
+  stored in `trunk_residual` precision between blocks: fp32 (default; OSS Boltz-2's numerics,
+  whose z is fp32 under bf16 autocast) or bf16 (half the pair memory and traffic). The diffusion sampler (noise
   schedule, noise, random augmentation, rigid alignment, Euler steps, coordinates) stays fp32.
   The score model runs from a copy whose linear weights are stored in bf16 (no per-step weight
   casts), with its coordinate- and noise-facing layers (Fourier embedding of the noise level,
@@ -16,10 +21,12 @@ stages in the same order, from the model's own modules; what it changes:
 - kernels: foldmill.kernels picks cuEquivariance / SDPA / reference per op and size.
 - token padding to a multiple of `pad_tokens_to` (outputs cropped back).
 - CUDA graphs: the score-model call is captured per shape and replayed for every sampling step
-  (foldmill.kernels.cuda_graphs), up to `max_graph_tokens` tokens; beyond, eager.
+  (foldmill.kernels.cuda_graphs), up to `max_graph_tokens` tokens; the trunk's pairformer pass
+  (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager.
 - memory: above `sequential_confidence_tokens` tokens the confidence module scores one sample at
-  a time; diffusion conditioning is converted to fp32 once (not every step) while it is small,
-  the token transformer's bias stored layer-major (`layer_major`).
+  a time; the diffusion conditioning stays in the compute dtype (the token transformer's bias is
+  (T, T, 384): 25.7 GiB in bf16 at 6,000 tokens), built by blocks of token rows, and the graphed
+  score model reads it in place (no static copy).
 
 The weights are those of `model` when the runner is built; build a new runner after loading others.
 """
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.cuda_graphs import GraphedCall
@@ -42,6 +50,8 @@ from foldmill.model.boltz2 import Boltz2, _generator  # the sampler's seeding, e
 from foldmill.model.config import InferenceRecipe
 from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
+from foldmill.model.layers.pairformer import PairformerModule
+from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
 # Score-model layers that see coordinates or the noise level directly: kept in fp32.
 FP32_SCORE_LAYERS = (
@@ -49,6 +59,7 @@ FP32_SCORE_LAYERS = (
     "atom_attention_encoder.r_to_q_trans",
     "atom_attention_decoder.atom_feat_to_atom_pos_update",
 )
+TRAINING_ONLY_FEATURES = frozenset({"disto_target"})
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -60,14 +71,18 @@ class FastPathOptions:
     pad_tokens_to: int = 8  # 1 disables padding
     cuda_graphs: bool = True
     max_graph_tokens: int = 2048  # score-model graphs only up to this many (padded) tokens
+    # Trunk pairformer-pass graphs: below ~500 tokens a block (~100 kernels) is launch-bound (150 tokens:
+    # 4.5 ms/block on the H200); at 1000 tokens a block takes 35 ms of GPU time, so a graph gains
+    # little there while its memory pool (the pass's working set) stays reserved through diffusion.
+    max_trunk_graph_tokens: int = 512
+    trunk_residual: str = "fp32"  # s/z storage between trunk blocks: fp32 (OSS's numerics) or bf16
     graph_capacity: int = 4  # graphs kept (LRU)
     # Above this, confidence scores one sample at a time: batching 5 samples at 700 tokens peaked at
     # 15.1 GiB (OSS, sequential: 6.6) for 0.1 s less (H200); at 150 tokens it saves 0.2 s of 0.3.
     sequential_confidence_tokens: int = 512
-    float32_conditioning_bytes: int = 8 << 30  # convert conditioning to fp32 once while at most this big
 
     def __post_init__(self) -> None:
-        for value in (self.precision, self.score_precision or self.precision):
+        for value in (self.precision, self.score_precision or self.precision, self.trunk_residual):
             if value not in _PRECISIONS:
                 raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {value!r}")
         if self.pad_tokens_to < 1:
@@ -80,6 +95,11 @@ class FastPathOptions:
     @property
     def score_dtype(self) -> torch.dtype:
         return _PRECISIONS[self.score_precision or self.precision]
+
+    @property
+    def residual_dtype(self) -> torch.dtype | None:
+        """The trunk's residual dtype; None for an fp32 network (the reference computation, untouched)."""
+        return None if self.dtype == torch.float32 else _PRECISIONS[self.trunk_residual]
 
 
 class _Float32(nn.Module):
@@ -108,24 +128,65 @@ def low_precision_score_model(score_model: DiffusionModule, dtype: torch.dtype) 
     return clone.eval()
 
 
-def layer_major(bias: Tensor, depth: int) -> Tensor:
-    """The token transformer's bias (B, L, K, depth * H), same shape and values, stored so that each
-    layer's (H, L, K) block is contiguous: the transformer slices one layer and moves heads first,
-    which on the default layout is a strided gather of the whole tensor per layer and step."""
-    batch, queries, keys, channels = bias.shape
-    storage = bias.view(batch, queries, keys, depth, channels // depth).permute(0, 3, 4, 1, 2).contiguous()
-    return storage.permute(0, 3, 4, 1, 2).view(batch, queries, keys, channels)
+class ComputeDtypeLayerNorm(nn.LayerNorm):
+    """A LayerNorm (same parameters, fp32) whose statistics are fp32 and whose output has the compute
+    dtype: autocast's where it is on, else the input's. Autocast runs a plain LayerNorm in fp32 and
+    returns fp32, which the next projection converts to bf16 again: one more pass over z per norm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        device = x.device.type
+        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        with torch.autocast(device, enabled=False):
+            if x.dtype == out_dtype:  # mixed-dtype kernel: fp32 math and parameters, output in x's dtype
+                return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(out_dtype)
 
 
-def _prepared_conditioning(conditioning: DiffusionConditioningOutput, depth: int) -> DiffusionConditioningOutput:
-    """fp32 (once, instead of an upcast in every step) and the token bias in layer-major storage."""
-    prepared = {f.name: getattr(conditioning, f.name).float() for f in dataclasses.fields(conditioning)}
-    prepared["token_trans_bias"] = layer_major(prepared["token_trans_bias"], depth)
-    return dataclasses.replace(conditioning, **prepared)
+def low_precision_network(model: Boltz2, dtype: torch.dtype) -> Boltz2:
+    """A copy of `model` for the bf16 stages: linear weights in `dtype`, LayerNorms ComputeDtypeLayerNorm.
+
+    The diffusion score model is shared, not copied (the runner has its own, see
+    low_precision_score_model); triangle multiplications keep fp32 weights (cuEquivariance reads
+    them itself under autocast, as in OSS Boltz-2). Parameter names are unchanged.
+    """
+    score_model = model.structure_module.score_model
+    clone = copy.deepcopy(model, memo={id(score_model): score_model})
+    shared = {id(module) for module in score_model.modules()}
+    fp32_weights = {
+        id(module)
+        for owner in clone.modules()
+        if isinstance(owner, (TriangleMultiplicationOutgoing, TriangleMultiplicationIncoming))
+        for module in owner.modules()
+    }
+    for module in clone.modules():
+        if id(module) in shared:
+            continue
+        if type(module) is nn.LayerNorm:
+            module.__class__ = ComputeDtypeLayerNorm
+        elif isinstance(module, nn.Linear) and id(module) not in fp32_weights:
+            module.to(dtype)
+    return clone.eval()
 
 
-def _conditioning_bytes(conditioning: DiffusionConditioningOutput) -> int:
-    return sum(getattr(conditioning, f.name).numel() * 4 for f in dataclasses.fields(conditioning))
+class GraphedPairformer(nn.Module):
+    """The trunk's pairformer stack, one call per recycle, replayed from a CUDA graph per shape.
+
+    The first call of a shape runs eagerly (cuEquivariance/Triton autotune there, never inside a
+    capture), then GraphedCall captures; every input is per call. Outputs are cloned out of the
+    graph's static buffers, which the next replay overwrites.
+    """
+
+    def __init__(self, stack: PairformerModule, max_tokens: int, capacity: int) -> None:
+        super().__init__()
+        self.stack = stack
+        self.max_tokens = max_tokens
+        self.graphs = GraphedCall(self.stack, per_call=(True, True, True, True), capacity=capacity)
+
+    def forward(self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor) -> tuple[Tensor, Tensor]:
+        if not z.is_cuda or z.shape[1] > self.max_tokens:
+            return self.stack(s, z, mask, pair_mask)
+        s, z = self.graphs(s, z, mask, pair_mask)
+        return s.clone(), z.clone()
 
 
 class _StageClock:
@@ -160,6 +221,13 @@ class FastBoltz2:
     def __init__(self, model: Boltz2, options: FastPathOptions | None = None) -> None:
         self.model = model.eval()
         self.options = options or FastPathOptions()
+        # The network the stages run from: the model itself in fp32, else its low-precision copy.
+        dtype = self.options.dtype
+        self.network = model if dtype == torch.float32 else low_precision_network(model, dtype)
+        if self.options.cuda_graphs and self.network is not model:  # never modify the caller's model
+            self.network.pairformer_module = GraphedPairformer(
+                self.network.pairformer_module, self.options.max_trunk_graph_tokens, self.options.graph_capacity
+            )
         score_model = model.structure_module.score_model
         if self.options.score_dtype != torch.float32:
             score_model = low_precision_score_model(score_model, self.options.score_dtype)
@@ -210,7 +278,7 @@ class FastBoltz2:
         multiplicity: int,
     ) -> Tensor:
         """AtomDiffusion.denoise with the score model replayed from a CUDA graph where possible."""
-        diffusion = self.model.structure_module
+        diffusion = self.network.structure_module
         sigma_rows = torch.full((noisy.shape[0],), sigma, device=noisy.device)
         padded_sigma = sigma_rows[:, None, None]
         graphed = (
@@ -232,9 +300,8 @@ class FastBoltz2:
     @contextlib.contextmanager
     def _fast_denoiser(self) -> Iterator[None]:
         """AtomDiffusion has no denoiser hook: its `denoise` is shadowed on the instance for one sampling run."""
-        diffusion = self.model.structure_module
+        diffusion = self.network.structure_module
         diffusion.denoise = self._denoise  # type: ignore[method-assign]
-        self.graphs.new_generation()
         try:
             yield
         finally:
@@ -243,22 +310,28 @@ class FastBoltz2:
     @torch.no_grad()
     def predict(self, features: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Tensor]:
         """Boltz2.predict's outputs (see foldmill.model.boltz2), floating ones in fp32."""
-        model, options = self.model, self.options
+        model, options = self.network, self.options
+        # The distogram training target (B, T, T, 1, 64) fp32 is read by nothing at inference (9.2 GB
+        # at 6,000 tokens): not padded, not passed on.
+        features = {name: value for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}
         feats, num_tokens = pad_token_features(features, options.pad_tokens_to)
         device = feats["token_pad_mask"].device
         clock = _StageClock(device)
         clock.mark("start")
+        # The low-precision copy's weights need no cast cache (and a cast cached while a graph
+        # captures would outlive the capture's memory pool).
+        cache_casts = model is self.model
         with kernels.kernel_policy(enabled=options.kernels):
-            with self._autocast(device):
-                trunk = model.trunk(feats, recipe.recycling_steps)
+            with self._autocast(device, cache=cache_casts):
+                trunk = model.trunk(feats, recipe.recycling_steps, options.residual_dtype)
                 clock.mark("trunk")
                 out: dict[str, Tensor] = {"s": trunk.s, "z": trunk.z, "pdistogram": model.distogram_module(trunk.z)}
                 if model.config.predict_bfactor:
                     out["pbfactor"] = model.bfactor_module(trunk.s)
                 conditioning = model.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
+                # (B, T, T, token_z), unused from here on: free it before sampling
+                trunk.relative_position_encoding = None  # type: ignore[assignment]
                 clock.mark("conditioning")
-            if _conditioning_bytes(conditioning) <= options.float32_conditioning_bytes:
-                conditioning = _prepared_conditioning(conditioning, model.config.token_transformer_depth)
             with self._fast_denoiser():
                 out["sample_atom_coords"] = model.structure_module.sample(
                     s_trunk=trunk.s.float(),
@@ -275,7 +348,7 @@ class FastBoltz2:
             confidence_recipe = recipe
             if num_tokens > options.sequential_confidence_tokens:
                 confidence_recipe = dataclasses.replace(recipe, max_parallel_samples=1)
-            with self._autocast(device):
+            with self._autocast(device, cache=cache_casts):
                 out.update(
                     model.confidence(trunk, out["sample_atom_coords"], out["pdistogram"], feats, confidence_recipe)
                 )

@@ -27,6 +27,13 @@ from foldmill.model.layers.pairformer import LARGE_INPUT_TOKENS, PairformerNoSeq
 from foldmill.model.layers.transition import Transition
 
 
+# Above this many tokens the outer product mean runs by token rows (its channel chunks still hold
+# (N, N, 4 * 32) fp32 blocks: 18 GB at 6,000 tokens), each row block's outer product within
+# OUTER_PRODUCT_BLOCK_BYTES.
+ROW_CHUNKED_OUTER_PRODUCT_TOKENS = 1024
+OUTER_PRODUCT_BLOCK_BYTES = 1 << 30
+
+
 @dataclass(frozen=True)
 class MSAChunking:
     """Memory bounds for one MSA forward; chunking changes only summation order."""
@@ -35,10 +42,15 @@ class MSAChunking:
     msa_transition: int | None = None
     outer_product: int | None = None
     triangle_attention: int | None = None
+    outer_product_rows: int | None = None
 
     @classmethod
     def for_tokens(cls, num_tokens: int) -> MSAChunking:
-        """Boltz-2's inference policy: chunk everything above LARGE_INPUT_TOKENS."""
+        """Boltz-2's inference policy: chunk everything above LARGE_INPUT_TOKENS; above
+        ROW_CHUNKED_OUTER_PRODUCT_TOKENS the outer product by token rows instead."""
+        if num_tokens > ROW_CHUNKED_OUTER_PRODUCT_TOKENS:
+            rows = max(1, OUTER_PRODUCT_BLOCK_BYTES // (num_tokens * 32 * 32 * 4))
+            return cls(True, 32, None, triangle_attention_chunk_size(num_tokens), rows)
         if num_tokens > LARGE_INPUT_TOKENS:
             return cls(True, 32, 4, triangle_attention_chunk_size(num_tokens))
         return cls(triangle_attention=triangle_attention_chunk_size(num_tokens))
@@ -59,7 +71,7 @@ class MSALayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         m = m + self.pair_weighted_averaging(m, z, token_pair_mask, chunking.pair_averaging_by_head)
         m = m + self.msa_transition(m, chunking.msa_transition)
-        z = z + self.outer_product_mean(m, msa_mask, chunking.outer_product)
+        z = z + self.outer_product_mean(m, msa_mask, chunking.outer_product, chunking.outer_product_rows)
         z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention)
         return z, m
 

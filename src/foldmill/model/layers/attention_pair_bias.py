@@ -4,7 +4,7 @@ forward(s (B, S, c_s), z, mask (B, K), k_in (B, K, c_s), multiplicity) -> (B, S,
 With compute_pair_bias=True (trunk, confidence) z is the pair representation
 (B', S, K, c_z) and is projected to one bias per head; with compute_pair_bias=False
 (diffusion transformer) z is already the bias (B', S, K, H). B' = B / multiplicity: the
-bias is shared by the `multiplicity` samples stacked in s.
+bias is shared by the `multiplicity` samples stacked in s (broadcast, not copied, when B' = 1).
 
 `attention_with_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
 apart so a kernel can replace it: the module calls it through the kernel registry
@@ -31,6 +31,17 @@ def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask
     logits = logits + (1 - mask[:, None, None].float()) * -inf
     weights = logits.softmax(dim=-1)
     return torch.einsum("bhij,bjhd->bihd", weights, v.float()).to(v.dtype)
+
+
+def shared_by_samples(bias: Tensor, multiplicity: int) -> Tensor:
+    """bias (B', ...) -> (B' * multiplicity, ...), record-major. With one record (B' = 1) the
+    samples read the same storage (a stride-0 view, no copy per layer and step); SDPA and the
+    reference broadcast it."""
+    if multiplicity == 1:
+        return bias
+    if bias.shape[0] == 1:
+        return bias.expand(multiplicity, *bias.shape[1:])
+    return bias.repeat_interleave(multiplicity, 0)
 
 
 class AttentionPairBias(nn.Module):
@@ -68,7 +79,7 @@ class AttentionPairBias(nn.Module):
         k = self.proj_k(k_in).view(batch, -1, self.num_heads, self.head_dim)
         v = self.proj_v(k_in).view(batch, -1, self.num_heads, self.head_dim)
         bias = self.proj_z(z) if self.compute_pair_bias else z
-        bias = bias.movedim(-1, 1).repeat_interleave(multiplicity, 0)  # heads first
+        bias = shared_by_samples(bias.movedim(-1, 1), multiplicity)  # heads first
         gate = self.proj_g(s).sigmoid()
         out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, self.inf)
         return self.proj_o(gate * out.reshape(batch, -1, self.c_s))

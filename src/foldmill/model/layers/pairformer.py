@@ -31,6 +31,20 @@ from foldmill.model.layers.triangle_multiplication import (
 LARGE_INPUT_TOKENS = 384
 
 
+# Above this many tokens the pair transition runs by token rows, each block's (rows, N, 4 * token_z)
+# hidden activations within PAIR_TRANSITION_BLOCK_BYTES (unchunked at 6,000 tokens: 37 GB in bf16 per
+# projection). Rows are independent, so the values are the same.
+ROW_CHUNKED_TRANSITION_TOKENS = 1024
+PAIR_TRANSITION_BLOCK_BYTES = 1 << 30
+
+
+def pair_transition_rows(num_tokens: int, token_z: int) -> int | None:
+    """Token rows per pair-transition call (None: all at once)."""
+    if num_tokens <= ROW_CHUNKED_TRANSITION_TOKENS:
+        return None
+    return max(1, PAIR_TRANSITION_BLOCK_BYTES // (num_tokens * 4 * token_z * 4))
+
+
 def triangle_attention_chunk_size(num_tokens: int) -> int:
     """Rows per triangle-attention call: Boltz-2's inference policy."""
     return 128 if num_tokens > LARGE_INPUT_TOKENS else 512
@@ -52,7 +66,12 @@ class PairformerNoSeqLayer(nn.Module):
         z = z + self.tri_mul_in(z, pair_mask)
         z = z + self.tri_att_start(z, pair_mask, chunk_size_tri_attn)
         z = z + self.tri_att_end(z, pair_mask, chunk_size_tri_attn)
-        return z + self.transition_z(z)
+        rows = pair_transition_rows(z.shape[1], z.shape[-1])
+        if rows is None:
+            return z + self.transition_z(z)
+        for start in range(0, z.shape[1], rows):  # in place: z is this block's own tensor here
+            z[:, start : start + rows] += self.transition_z(z[:, start : start + rows])
+        return z
 
     def forward(self, z: Tensor, pair_mask: Tensor, chunk_size_tri_attn: int | None = None) -> Tensor:
         return self.update_pair(z, pair_mask, chunk_size_tri_attn)
@@ -80,9 +99,10 @@ class PairformerLayer(PairformerNoSeqLayer):
         self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor, chunk_size_tri_attn: int | None = None
     ) -> tuple[Tensor, Tensor]:
         z = self.update_pair(z, pair_mask, chunk_size_tri_attn)
-        s = s.float()
+        # s and z keep their storage dtype (the caller's residual precision): no per-block copies;
+        # the bias projection's LayerNorm reads z as it is.
         s_normed = self.pre_norm_s(s)
-        s = s + self.attention(s_normed, z.float(), mask.float(), k_in=s_normed)
+        s = s + self.attention(s_normed, z, mask.float(), k_in=s_normed)
         s = s + self.transition_s(s)
         return self.s_post_norm(s), z
 

@@ -3,11 +3,42 @@
 Input x (..., dim) -> output (..., out_dim). Used on the single track (s), the pair
 track (z) and the MSA track (m). Parameters: norm, fc1, fc2, fc3 (bias-free linears),
 named as in the Boltz-2 checkpoint.
+
+The whole op is the plain function `transition`, called through the kernel registry
+(foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.triton_transition):
+on the pair track the reference materialises two (N*N, 4*128) hidden tensors per block.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
+from torch.nn import functional as F
+
+from foldmill import kernels
+
+
+def transition(
+    x: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    fc1_weight: Tensor,
+    fc2_weight: Tensor,
+    fc3_weight: Tensor,
+    eps: float = 1e-5,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Reference: fc3(silu(fc1(LN(x))) * fc2(LN(x))); chunk_size splits the hidden width to bound peak memory."""
+    x = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
+    if chunk_size is None:
+        return F.linear(F.silu(F.linear(x, fc1_weight)) * F.linear(x, fc2_weight), fc3_weight)
+    # Same sum, accumulated over slices of the hidden units.
+    out = None
+    for start in range(0, fc1_weight.shape[0], chunk_size):
+        hidden_slice = slice(start, start + chunk_size)
+        gated = F.silu(x @ fc1_weight[hidden_slice].T) * (x @ fc2_weight[hidden_slice].T)
+        part = gated @ fc3_weight[:, hidden_slice].T
+        out = part if out is None else out + part
+    return out
 
 
 class Transition(nn.Module):
@@ -23,15 +54,16 @@ class Transition(nn.Module):
         self.fc3 = nn.Linear(hidden, out_dim, bias=False)
 
     def forward(self, x: Tensor, chunk_size: int | None = None) -> Tensor:
-        """x: (..., dim). chunk_size splits the hidden width to bound peak memory."""
-        x = self.norm(x)
-        if chunk_size is None:
-            return self.fc3(nn.functional.silu(self.fc1(x)) * self.fc2(x))
-        # Same sum, accumulated over slices of the hidden units.
-        out = None
-        for start in range(0, self.hidden, chunk_size):
-            hidden_slice = slice(start, start + chunk_size)
-            gated = nn.functional.silu(x @ self.fc1.weight[hidden_slice].T) * (x @ self.fc2.weight[hidden_slice].T)
-            part = gated @ self.fc3.weight[:, hidden_slice].T
-            out = part if out is None else out + part
-        return out
+        """x: (..., dim). chunk_size splits the hidden width to bound peak memory (reference path)."""
+        return kernels.dispatch(
+            "transition",
+            transition,
+            x,
+            self.norm.weight,
+            self.norm.bias,
+            self.fc1.weight,
+            self.fc2.weight,
+            self.fc3.weight,
+            eps=self.norm.eps,
+            chunk_size=chunk_size,
+        )

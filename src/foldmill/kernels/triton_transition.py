@@ -1,0 +1,70 @@
+"""Fused SwiGLU transition backend (Triton): LayerNorm + fc1/fc2 + SiLU gate + fc3 in one kernel.
+
+Why: the reference writes LN(x), two (rows, hidden) projections, their gated product and the
+output through HBM; on the pair track at N tokens that is N*N rows with hidden = 4*128, which
+at 6,000 tokens is 73 GB for one hidden tensor alone. The kernel keeps each row block's hidden
+activations on chip (foldmill.kernels.triton_transition_kernel), reading x once and writing the
+output once, so memory stays at input + output and time at the matrix products.
+
+Same arguments and result as foldmill.model.layers.transition.transition: the output is in the
+compute dtype (the autocast dtype, else x's), which is what the reference returns under autocast.
+`chunk_size` only bounds the reference's memory; the kernel always works in hidden slices.
+Triton is imported lazily: this module loads where triton is absent (CPU CI); `available()` is
+then False. The reference math runs here instead for widths the kernel does not hold on chip
+(padded wider than MAX_BLOCK_WIDTH, e.g. the score model's 768-wide conditioner) and when autograd
+records (the kernel has no backward; inference runs under no_grad).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from foldmill.kernels.registry import compute_dtype
+
+MAX_BLOCK_WIDTH = 512  # widest padded row one program keeps in registers (the single track's 384 pads to 512)
+MIN_WIDTH = 16  # tl.dot's smallest operand dimension
+
+
+@functools.cache
+def available() -> bool:
+    """Triton importable and a CUDA device present (never raises)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return False
+    return torch.cuda.is_available()
+
+
+def padded_width(width: int) -> int:
+    """A tile row's width: the next power of two (tl.arange's rule), at least MIN_WIDTH."""
+    return max(MIN_WIDTH, 1 << (width - 1).bit_length())
+
+
+def supported(dim: int, out_dim: int) -> bool:
+    """Whether the kernel holds rows of these widths on chip."""
+    return min(dim, out_dim) >= MIN_WIDTH and max(padded_width(dim), padded_width(out_dim)) <= MAX_BLOCK_WIDTH
+
+
+def transition(
+    x: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    fc1_weight: Tensor,
+    fc2_weight: Tensor,
+    fc3_weight: Tensor,
+    eps: float = 1e-5,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """The registry backend: the fused kernel, or the reference where the kernel does not apply."""
+    tensors = (x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
+    needs_grad = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+    if needs_grad or not supported(x.shape[-1], fc3_weight.shape[0]):
+        from foldmill.model.layers.transition import transition as reference
+
+        return reference(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, chunk_size)
+    from foldmill.kernels.triton_transition_kernel import fused_transition
+
+    return fused_transition(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, compute_dtype(x))
