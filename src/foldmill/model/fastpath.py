@@ -129,16 +129,26 @@ def low_precision_score_model(score_model: DiffusionModule, dtype: torch.dtype) 
 
 
 class ComputeDtypeLayerNorm(nn.LayerNorm):
-    """A LayerNorm (same parameters, fp32) whose statistics are fp32 and whose output has the compute
-    dtype: autocast's where it is on, else the input's. Autocast runs a plain LayerNorm in fp32 and
-    returns fp32, which the next projection converts to bf16 again: one more pass over z per norm."""
+    """A LayerNorm whose statistics are fp32 and whose output has the compute dtype: autocast's where
+    it is on, else the input's. Autocast runs a plain LayerNorm in fp32 and returns fp32, which the
+    next projection converts to bf16 again: one more pass over z per norm. The parameters stay fp32;
+    a half-precision input is normalised with half copies of them (CUDA's kernel wants one dtype and
+    accumulates in fp32 anyway), made once: an inference copy's weights do not change."""
+
+    def _parameters_in(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+        cache = self.__dict__.setdefault("_cast_parameters", {})
+        key = (dtype, None if self.weight is None else self.weight.device)
+        if key not in cache:
+            cache[key] = tuple(None if p is None else p.detach().to(dtype) for p in (self.weight, self.bias))
+        return cache[key]
 
     def forward(self, x: Tensor) -> Tensor:
         device = x.device.type
         out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         with torch.autocast(device, enabled=False):
-            if x.dtype == out_dtype:  # mixed-dtype kernel: fp32 math and parameters, output in x's dtype
-                return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            if x.dtype == out_dtype:
+                weight, bias = self._parameters_in(x.dtype)
+                return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
             return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(out_dtype)
 
 
