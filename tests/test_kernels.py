@@ -48,7 +48,9 @@ def test_candidate_order_follows_the_measured_table_on_cuda():
     trimul_large = registry.candidate_order("triangle_multiplication", "cuda", "sm_90", torch.bfloat16, 1024, policy)
     assert trimul_small[0] == REFERENCE and trimul_large[0] == "cueq"
     assert registry.candidate_order("triangle_attention", "cuda", "sm_90", torch.bfloat16, 512, policy)[0] == "cueq"
-    assert registry.candidate_order("triangle_attention", "cuda", "sm_90", torch.bfloat16, 128, policy)[0] == "sdpa"
+    # At 128 tokens cuEquivariance's attention was the slowest measured (launch-bound): never first there.
+    assert registry.candidate_order("triangle_attention", "cuda", "sm_90", torch.bfloat16, 128, policy)[0] != "cueq"
+    assert registry.candidate_order("transition", "cuda", "sm_90", torch.bfloat16, 1024, policy)[0] == "triton"
     # No table for the architecture: conservative defaults; fp32 never picks cuEquivariance.
     assert registry.candidate_order("triangle_multiplication", "cuda", "sm_75", torch.bfloat16, 4096, policy) == [
         REFERENCE

@@ -193,3 +193,10 @@ def test_distogram_and_bfactor_heads():
     oss_bf, ours_bf = _pair_oracle(oss_trunk.BFactorModule(C_S, 64), BFactorModule(C_S, 64))
     s = torch.randn(B, N, C_S, generator=torch.Generator().manual_seed(15))
     assert_matches(ours_bf(s), oss_bf(s))
+
+
+def test_triangle_attention_projects_all_rows_at_once_below_about_1400_tokens():
+    """One projection for the whole pair at usual sizes (blocks of rows only where memory needs them)."""
+    assert triangle_attention.projection_block_rows(1, 1000, 512, 2) >= 1000
+    assert triangle_attention.projection_block_rows(1, 1400, 512, 2) >= 1400
+    assert triangle_attention.projection_block_rows(1, 6000, 512, 2) == 349

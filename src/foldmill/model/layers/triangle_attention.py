@@ -40,6 +40,12 @@ def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask:
     return torch.matmul(logits.softmax(dim=-1), v)
 
 
+def projection_block_rows(batch: int, tokens: int, width: int, element_size: int) -> int:
+    """Rows i of the (B, N, N, width) projection made at once within PROJECTION_BLOCK_BYTES (at least one):
+    all rows up to ~1,400 tokens in bf16, 349 rows at 6,000 tokens."""
+    return max(1, PROJECTION_BLOCK_BYTES // (batch * tokens * width * element_size))
+
+
 class GatedAttention(nn.Module):
     """Multi-head self-attention with a sigmoid output gate; holds the q/k/v/g/o projections.
 
@@ -122,8 +128,7 @@ class TriangleAttention(nn.Module):
         key_mask = mask[:, :, None, None, :].bool()
         weight = torch.cat(self.mha.projection_weights())
         rows = x.shape[1]
-        row_bytes = x[:, :1].numel() * weight.shape[0] * x.element_size()
-        block = max(1, PROJECTION_BLOCK_BYTES // row_bytes)
+        block = projection_block_rows(x.shape[0], x.shape[2], weight.shape[0], x.element_size())
         if block >= rows:
             out = self.mha(F.linear(x, weight), bias, key_mask, chunk_size)
         else:
