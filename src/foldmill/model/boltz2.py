@@ -36,7 +36,7 @@ from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.confidence import ConfidenceModule
 from foldmill.model.contact_conditioning import ContactConditioning
 from foldmill.model.diffusion import AtomDiffusion
-from foldmill.model.diffusion_conditioning import DiffusionConditioning
+from foldmill.model.diffusion_conditioning import DiffusionConditioning, DiffusionConditioningOutput
 from foldmill.model.heads import BFactorModule, DistogramModule
 from foldmill.model.input_embedder import InputEmbedder
 from foldmill.model.layers.pairformer import PairformerModule
@@ -160,12 +160,29 @@ class Boltz2(nn.Module):
         """Fold a batch of featurised records; see the module docstring for the outputs."""
         feats = features
         trunk = self.trunk(feats, recipe.recycling_steps)
-        out: dict[str, Tensor] = {"s": trunk.s, "z": trunk.z, "pdistogram": self.distogram_module(trunk.z)}
+        out = self.trunk_heads(trunk)
+        conditioning = self.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
+        coords = self.sample_structure(trunk, feats, conditioning, recipe)
+        out["sample_atom_coords"] = coords
+        out.update(self.confidence(trunk, coords, out["pdistogram"], feats, recipe))
+        return out
+
+    def trunk_heads(self, trunk: TrunkOutput) -> dict[str, Tensor]:
+        """The trunk's s and z with the heads read off them: the distogram and, if predicted, B-factors."""
+        out = {"s": trunk.s, "z": trunk.z, "pdistogram": self.distogram_module(trunk.z)}
         if self.config.predict_bfactor:
             out["pbfactor"] = self.bfactor_module(trunk.s)
+        return out
 
-        conditioning = self.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
-        coords = self.structure_module.sample(
+    def sample_structure(
+        self,
+        trunk: TrunkOutput,
+        feats: dict[str, Tensor],
+        conditioning: DiffusionConditioningOutput,
+        recipe: InferenceRecipe,
+    ) -> Tensor:
+        """The recipe's diffusion samples (B * samples, atoms, 3), seeded by recipe.seed."""
+        return self.structure_module.sample(
             s_trunk=trunk.s.float(),
             s_inputs=trunk.s_inputs.float(),
             feats=feats,
@@ -175,9 +192,6 @@ class Boltz2(nn.Module):
             max_parallel_samples=recipe.max_parallel_samples,
             generator=_generator(recipe.seed, trunk.s.device),
         )
-        out["sample_atom_coords"] = coords
-        out.update(self.confidence(trunk, coords, out["pdistogram"], feats, recipe))
-        return out
 
     def forward(self, features: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Tensor]:
         return self.predict(features, recipe)

@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.kernels.padding import crop_token_outputs, pad_token_features
-from foldmill.model.boltz2 import Boltz2, _generator  # the sampler's seeding, exactly as Boltz2.predict
+from foldmill.model.boltz2 import Boltz2
 from foldmill.model.config import InferenceRecipe
 from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
@@ -335,24 +335,13 @@ class FastBoltz2:
             with self._autocast(device, cache=cache_casts):
                 trunk = model.trunk(feats, recipe.recycling_steps, options.residual_dtype)
                 clock.mark("trunk")
-                out: dict[str, Tensor] = {"s": trunk.s, "z": trunk.z, "pdistogram": model.distogram_module(trunk.z)}
-                if model.config.predict_bfactor:
-                    out["pbfactor"] = model.bfactor_module(trunk.s)
+                out = model.trunk_heads(trunk)
                 conditioning = model.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
                 # (B, T, T, token_z), unused from here on: free it before sampling
                 trunk.relative_position_encoding = None  # type: ignore[assignment]
                 clock.mark("conditioning")
             with self._fast_denoiser():
-                out["sample_atom_coords"] = model.structure_module.sample(
-                    s_trunk=trunk.s.float(),
-                    s_inputs=trunk.s_inputs.float(),
-                    feats=feats,
-                    conditioning=conditioning,
-                    num_sampling_steps=recipe.sampling_steps,
-                    multiplicity=recipe.diffusion_samples,
-                    max_parallel_samples=recipe.max_parallel_samples,
-                    generator=_generator(recipe.seed, device),
-                )
+                out["sample_atom_coords"] = model.sample_structure(trunk, feats, conditioning, recipe)
             clock.mark("diffusion")
             del conditioning
             confidence_recipe = recipe

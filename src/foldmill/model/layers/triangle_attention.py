@@ -49,8 +49,8 @@ def projection_block_rows(batch: int, tokens: int, width: int, element_size: int
 class GatedAttention(nn.Module):
     """Multi-head self-attention with a sigmoid output gate; holds the q/k/v/g/o projections.
 
-    The input projections are applied by the caller (TriangleAttention), fused with its bias
-    projection into one matrix product; `forward` takes their (q | k | v | g) result.
+    The input projections are applied by the caller (TriangleAttention) as one matrix product of
+    the four weights concatenated; `forward` takes their (q | k | v | g) result.
     """
 
     def __init__(self, c_in: int, c_hidden: int, num_heads: int) -> None:
