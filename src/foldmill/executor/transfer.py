@@ -72,24 +72,15 @@ def unpack_features(packed: dict[str, PackedTensor], device: torch.device) -> di
 def _hot_indices(tensor: torch.Tensor) -> torch.Tensor | None:
     """Where the 1 of each row (along the last dimension) is, -1 for a row of zeros; None unless every
     entry is 0 or 1 with at most one 1 per row."""
-    positions = tensor.nonzero()  # (non-zeros, dims), in row-major order
-    if not bool((tensor[tuple(positions.unbind(dim=1))] == 1).all()):
+    flat = tensor.reshape(-1, tensor.shape[-1])
+    rows, columns = flat.nonzero().unbind(dim=1)  # in row-major order
+    if not bool((flat[rows, columns] == 1).all()):
         return None
-    row_strides = torch.tensor(_contiguous_strides(tensor.shape[:-1]), dtype=torch.int64)
-    rows = (positions[:, :-1] * row_strides).sum(dim=1)  # flat index of each non-zero's row
     if not bool((rows[1:] > rows[:-1]).all()):  # sorted, so a row with two non-zeros repeats
         return None
-    hot = torch.full(tensor.shape[:-1], -1, dtype=torch.int64)
-    hot.view(-1)[rows] = positions[:, -1]
-    return hot
-
-
-def _contiguous_strides(shape: torch.Size) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
+    hot = torch.full((flat.shape[0],), -1, dtype=torch.int64)
+    hot[rows] = columns
+    return hot.view(tensor.shape[:-1])
 
 
 def _narrowest(low: int, high: int) -> torch.dtype:
