@@ -122,10 +122,15 @@ def low_precision_score_model(score_model: DiffusionModule, dtype: torch.dtype) 
         parent = clone.get_submodule(parent_name)
         setattr(parent, attribute, _Float32(getattr(parent, attribute)))
     keep = {id(m) for wrapper in clone.modules() if isinstance(wrapper, _Float32) for m in wrapper.modules()}
-    for module in clone.modules():
+    _cast_linears(clone, dtype, keep)
+    return clone.eval()
+
+
+def _cast_linears(root: nn.Module, dtype: torch.dtype, keep: set[int]) -> None:
+    """Every nn.Linear under `root` to `dtype`, except the modules whose ids are in `keep`."""
+    for module in root.modules():
         if isinstance(module, nn.Linear) and id(module) not in keep:
             module.to(dtype)
-    return clone.eval()
 
 
 class ComputeDtypeLayerNorm(nn.LayerNorm):
@@ -169,12 +174,9 @@ def low_precision_network(model: Boltz2, dtype: torch.dtype) -> Boltz2:
         for module in owner.modules()
     }
     for module in clone.modules():
-        if id(module) in shared:
-            continue
-        if type(module) is nn.LayerNorm:
+        if type(module) is nn.LayerNorm and id(module) not in shared:
             module.__class__ = ComputeDtypeLayerNorm
-        elif isinstance(module, nn.Linear) and id(module) not in fp32_weights:
-            module.to(dtype)
+    _cast_linears(clone, dtype, shared | fp32_weights)
     return clone.eval()
 
 
