@@ -214,6 +214,31 @@ def test_triton_transition_replays_in_a_cuda_graph():
         assert kernels.select("transition", torch.empty(0, device=CUDA, dtype=torch.bfloat16), 1000) == "triton"
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "bf16"])
+def test_triton_layer_norm_matches_the_fp32_norm(layout):
+    """As ComputeDtypeLayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
+    or a bf16 pair) under bf16 autocast -> bf16, through the registry's default choice."""
+    _needs_triton()
+    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+
+    norm = randomized(torch.nn.LayerNorm(128), seed=11)
+    norm.weight.data = 1 + 0.2 * norm.weight.data
+    z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(12)) * 2 + 0.5
+    if layout == "transposed":
+        z = z.transpose(1, 2)
+    if layout == "bf16":
+        z = z.bfloat16()
+    with torch.no_grad():
+        expected = norm(z.float())
+        norm.__class__ = ComputeDtypeLayerNorm
+        kernels.reset_counts()
+        with torch.autocast("cuda", torch.bfloat16):
+            out = norm(z)
+    assert kernels.chosen_counts() == {"layer_norm/triton": 1}
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    assert relative_error(out, expected) <= BF16_TOL
+
+
 @dataclasses.dataclass
 class Conditioning:
     scale: torch.Tensor

@@ -6,7 +6,8 @@
     with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...
 
 Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels.sdpa), foldmill's
-own Triton kernels (foldmill.kernels.triton_transition: the fused LayerNorm + SwiGLU transition) and
+own Triton kernels (foldmill.kernels.triton_transition: the fused LayerNorm + SwiGLU transition;
+foldmill.kernels.triton_layer_norm: the pair LayerNorm to the compute dtype) and
 the reference; the choice per GPU architecture, dtype and size comes from a measured crossover
 table (crossover_sm90.json; foldmill.kernels.measure re-measures it).
 """

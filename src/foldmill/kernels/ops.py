@@ -6,6 +6,7 @@
 | triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa    | keys of q        |
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
+| layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
 
 cuEquivariance's fused `attention_pair_bias` is not routed: it also applies the input
 LayerNorm and the q/k/v/g/o projections, a wider boundary than the core function (and the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from foldmill.kernels import cueq, sdpa, triton_transition
+from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_transition
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
 _CUDA = frozenset({"cuda"})
@@ -54,5 +55,12 @@ register_op(
         # Pair track (B, N, N, C) and single track (B, N, C) alike: the second-to-last axis is tokens.
         tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
         backends=(Backend("triton", triton_transition.transition, _CUDA, _HALF, triton_transition.available),),
+    ),
+)
+register_op(
+    "layer_norm",
+    OpSpec(
+        tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
+        backends=(Backend("triton", triton_layer_norm.layer_norm, _CUDA, _HALF, triton_layer_norm.available),),
     ),
 )

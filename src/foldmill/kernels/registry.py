@@ -84,6 +84,8 @@ DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
     },
     # The fused kernel never materialises the 4x-wide hidden layer, so it wins at every size.
     "transition": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
+    # Many rows per program instead of PyTorch's one block per 128-wide row.
+    "layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
 }
 
 

@@ -41,15 +41,16 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.kernels.padding import crop_token_outputs, pad_token_features
+from foldmill.kernels.registry import compute_dtype
 from foldmill.model.boltz2 import Boltz2
 from foldmill.model.config import InferenceRecipe
 from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
+from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
@@ -134,11 +135,10 @@ def _cast_linears(root: nn.Module, dtype: torch.dtype, keep: set[int]) -> None:
 
 
 class ComputeDtypeLayerNorm(nn.LayerNorm):
-    """A LayerNorm whose statistics are fp32 and whose output has the compute dtype: autocast's where
-    it is on, else the input's. Autocast runs a plain LayerNorm in fp32 and returns fp32, which the
-    next projection converts to bf16 again: one more pass over z per norm. The parameters stay fp32;
-    a half-precision input is normalised with half copies of them (CUDA's kernel wants one dtype and
-    accumulates in fp32 anyway), made once: an inference copy's weights do not change."""
+    """A LayerNorm whose statistics are fp32 and whose output has the compute dtype: the routed
+    "layer_norm" op (foldmill.model.layers.layer_norm; a Triton kernel on CUDA). The parameters stay
+    fp32; for a half-precision input the reference wants half copies of them (CUDA's kernel takes
+    one dtype and accumulates in fp32 anyway), made once: an inference copy's weights do not change."""
 
     def _parameters_in(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
         cache = self.__dict__.setdefault("_cast_parameters", {})
@@ -148,13 +148,9 @@ class ComputeDtypeLayerNorm(nn.LayerNorm):
         return cache[key]
 
     def forward(self, x: Tensor) -> Tensor:
-        device = x.device.type
-        out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        with torch.autocast(device, enabled=False):
-            if x.dtype == out_dtype:
-                weight, bias = self._parameters_in(x.dtype)
-                return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
-            return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(out_dtype)
+        same_dtype = x.dtype == compute_dtype(x)
+        weight, bias = self._parameters_in(x.dtype) if same_dtype else (self.weight, self.bias)
+        return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, x, weight, bias, self.eps)
 
 
 def low_precision_network(model: Boltz2, dtype: torch.dtype) -> Boltz2:

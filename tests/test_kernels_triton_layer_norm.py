@@ -1,0 +1,138 @@
+"""The "layer_norm" op: CPU routing, the row layout read in place, and the Triton kernel's parity
+under Triton's CPU interpreter (skipped where triton is not installed, e.g. CI). The kernel runs in a
+child process (TRITON_INTERPRET=1 must be set before triton is imported; see test_kernels_triton.py).
+GPU parity is in test_kernels_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from foldmill import kernels
+from foldmill.kernels import triton_layer_norm
+from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+
+try:
+    import triton  # noqa: F401 - the interpreted kernel itself is imported in the child process only
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference.double()).norm() / reference.double().norm())
+
+
+def test_cpu_routes_layer_norm_to_the_reference():
+    x = torch.zeros(1, 5, 5, 128)
+    assert kernels.select("layer_norm", x, 5) == kernels.REFERENCE
+    assert kernels.backend_names("layer_norm") == [kernels.REFERENCE, "triton"]
+
+
+def test_reference_returns_the_compute_dtype_with_fp32_statistics():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 32, generator=generator) * 3 + 2
+    weight, bias = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
+    expected = F.layer_norm(x, (32,), weight, bias, 1e-5)
+    assert torch.equal(layer_norm_in_compute_dtype(x, weight, bias, 1e-5), expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer_norm_in_compute_dtype(x, weight, bias, 1e-5)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected.bfloat16())
+
+
+def pair(n: int, width: int, seed: int) -> torch.Tensor:
+    return torch.randn(1, n, n, width, generator=torch.Generator().manual_seed(seed)) * 2 + 0.5
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: pair(5, 8, 1),  # contiguous: one row axis
+        lambda: pair(5, 8, 1).transpose(1, 2),  # the ending-node view: two row axes, in place
+        lambda: pair(5, 16, 1)[..., :8],  # rows 16 apart
+        lambda: torch.randn(2, 5, 5, 8).transpose(1, 2),  # three row axes: copied
+        lambda: torch.randn(8, 3)[:, :1].expand(8, 4),  # last axis strided: copied
+    ],
+)
+def test_row_layout_addresses_every_row(make):
+    x = make()
+    source, inner, outer_stride, inner_stride = triton_layer_norm.row_layout(x)
+    width = x.shape[-1]
+    flat = source.as_strided((source.untyped_storage().nbytes() // source.element_size(),), (1,), 0)
+    rows = x.reshape(-1, width)
+    for r in range(rows.shape[0]):
+        start = source.storage_offset() + (r // inner) * outer_stride + (r % inner) * inner_stride
+        assert torch.equal(flat[start : start + width], rows[r]), r
+
+
+def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
+    weight = torch.randn(16, requires_grad=True)
+    x = torch.randn(3, 16)
+    out = triton_layer_norm.layer_norm(x, weight, None, 1e-5)  # autograd recording: reference
+    out.sum().backward()
+    assert weight.grad is not None
+    wide = torch.randn(2, 2048)
+    torch.testing.assert_close(
+        triton_layer_norm.layer_norm(wide, None, None, 1e-5), F.layer_norm(wide, (2048,)), rtol=0, atol=0
+    )
+
+
+# (name, input, weight/bias present, input dtype, output dtype)
+CASES = [
+    ("fp32_to_fp32", lambda: pair(9, 128, 2), True, torch.float32, torch.float32),
+    ("fp32_to_bf16", lambda: pair(9, 128, 3), True, torch.float32, torch.bfloat16),
+    ("bf16_to_bf16", lambda: pair(9, 128, 4), True, torch.bfloat16, torch.bfloat16),
+    ("transposed_fp32_to_bf16", lambda: pair(9, 128, 5).transpose(1, 2), True, torch.float32, torch.bfloat16),
+    ("single_track_384_no_affine", lambda: torch.randn(37, 384), False, torch.float32, torch.float32),
+    ("odd_width_48_strided", lambda: pair(7, 64, 6)[..., :48], True, torch.float32, torch.float32),
+]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_kernel_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path):
+    cases, expected = [], {}
+    for index, (name, make, affine, in_dtype, out_dtype) in enumerate(CASES):
+        x = make().to(in_dtype)
+        width = x.shape[-1]
+        generator = torch.Generator().manual_seed(50 + index)
+        weight = 1 + 0.3 * torch.randn(width, generator=generator) if affine else None
+        bias = 0.3 * torch.randn(width, generator=generator) if affine else None
+        cases.append({"name": name, "x": x, "weight": weight, "bias": bias, "dtype": str(out_dtype)})
+        expected[name] = F.layer_norm(x.float(), (width,), weight, bias, 1e-5)
+    torch.save(cases, tmp_path / "cases.pt")
+    result = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "cases.pt"), str(tmp_path / "outputs.pt")],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = torch.load(tmp_path / "outputs.pt", weights_only=True)
+    for name, make, affine, in_dtype, out_dtype in CASES:
+        out = outputs[name]
+        assert out.shape == expected[name].shape and out.dtype == out_dtype and out.is_contiguous(), name
+        error = relative_error(out, expected[name])
+        assert error <= (1e-6 if out_dtype == torch.float32 else 1e-2), (name, error)
+
+
+def _run_cases(cases_path: Path, outputs_path: Path) -> None:
+    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
+    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm
+
+    outputs = {}
+    for case in torch.load(cases_path, weights_only=True):
+        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
+        outputs[case["name"]] = fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
+    torch.save(outputs, outputs_path)
+
+
+if __name__ == "__main__":
+    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
