@@ -3,7 +3,7 @@
 | op                      | reference (foldmill.model.layers)             | backends      | tokens read from |
 |-------------------------|-----------------------------------------------|---------------|------------------|
 | triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq          | x (B, N, N, C)   |
-| triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa    | keys of q        |
+| triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa, triton | keys of q   |
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 | layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_transition
+from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_transition, triton_triangle_attention
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
 _CUDA = frozenset({"cuda"})
@@ -39,6 +39,13 @@ register_op(
         backends=(
             Backend("cueq", cueq.triangle_attention, _CUDA, _HALF, cueq.available),
             Backend("sdpa", sdpa.triangle_attention, _CPU_AND_CUDA, _FLOAT),
+            Backend(
+                "triton",
+                triton_triangle_attention.triangle_attention,
+                _CUDA,
+                _HALF,
+                triton_triangle_attention.available,
+            ),
         ),
     ),
 )

@@ -81,22 +81,20 @@ class GatedAttention(nn.Module):
         rows = projected.shape[1]
         step = rows if chunk_size is None else chunk_size
         # Rows are independent, so chunking over them only bounds the logits' memory.
-        out = torch.cat(
-            [
-                kernels.dispatch(
-                    "triangle_attention",
-                    triangle_attention_core,
-                    q[:, i : i + step],
-                    k[:, i : i + step],
-                    v[:, i : i + step],
-                    bias,
-                    mask[:, i : i + step],
-                    scale,
-                )
-                for i in range(0, rows, step)
-            ],
-            dim=1,
-        )
+        parts = [
+            kernels.dispatch(
+                "triangle_attention",
+                triangle_attention_core,
+                q[:, i : i + step],
+                k[:, i : i + step],
+                v[:, i : i + step],
+                bias,
+                mask[:, i : i + step],
+                scale,
+            )
+            for i in range(0, rows, step)
+        ]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         # The gate in the (B, I, J, H*D) layout linear_o reads: one new tensor, multiplied in place.
         gate = gate.sigmoid().view(*gate.shape[:-1], self.num_heads, self.c_hidden)
         return self.linear_o(gate.mul_(out.transpose(-2, -3)).flatten(-2))
@@ -124,7 +122,8 @@ class TriangleAttention(nn.Module):
             x = x.transpose(-2, -3)
             mask = mask.transpose(-1, -2)
         x = self.layer_norm(x)
-        bias = self.linear(x).permute(0, 3, 1, 2).unsqueeze(1)  # (B, 1, H, N, N)
+        # (B, 1, H, N, N), keys contiguous once per layer (kernels read it once per row block)
+        bias = self.linear(x).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
         key_mask = mask[:, :, None, None, :].bool()
         weight = torch.cat(self.mha.projection_weights())
         rows = x.shape[1]

@@ -1,0 +1,44 @@
+"""Flash triangle attention backend (Triton): the core of foldmill.model.layers.triangle_attention
+without materialising the (rows x heads x J x J) logits.
+
+Why: on sm_90, cuEquivariance 0.13 falls back to a cuDNN sm80 fp16 64 x 64 kernel for triangle
+attention (its fast kernel is Blackwell-only), measured at ~95 TFLOP/s and 35% of the trunk's
+GPU time at 1,000 tokens. The kernel (foldmill.kernels.triton_triangle_attention_kernel) reads
+q/k/v as the strided views GatedAttention hands over (no copies), the bias once per group of
+rows from L2, and keeps the softmax statistics in fp32.
+
+Same arguments and result as triangle_attention_core: the output is (B, I, H, J, D) in the
+compute dtype (the autocast dtype, else q's). Triton is imported lazily: this module loads where
+triton is absent (CPU CI); `available()` is then False. The reference runs here instead for head
+dims the kernel does not take (not a power of two in 16..64) and when autograd records (the
+kernel has no backward; inference runs under no_grad).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.triton_transition import available
+
+__all__ = ["HEAD_DIMS", "available", "supported", "triangle_attention"]
+
+HEAD_DIMS = (16, 32, 64)  # tl.dot needs >= 16; wider heads would need smaller tiles than the candidates
+
+
+def supported(head_dim: int) -> bool:
+    """Whether the kernel takes heads of this width."""
+    return head_dim in HEAD_DIMS
+
+
+def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """The registry backend: the flash kernel, or the reference where the kernel does not apply."""
+    needs_grad = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, bias))
+    if needs_grad or not supported(q.shape[-1]):
+        from foldmill.model.layers.triangle_attention import triangle_attention_core
+
+        return triangle_attention_core(q, k, v, bias, mask, scale)
+    from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
+
+    return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q))

@@ -1,0 +1,370 @@
+"""The Triton kernel behind foldmill.kernels.triton_triangle_attention (imports triton: load it lazily).
+
+Flash attention with the triangle bias. One program takes BLOCK_M queries of one (batch, head)
+for a pair of rows i (the bias is the same for every row, so each bias tile is loaded and
+converted once for both) and walks the keys in BLOCK_N blocks. Per row and key block:
+
+    logits = (scale * q) k^T + bias tile + key bias    fp32, all on the tensor cores: the bias tile
+                                                       is the product's initial accumulator, the
+                                                       key bias a rank-1 product ones @ [key bias; 0]
+    online softmax in fp32 (running max and sum, exp2); acc += p v, p rounded to the compute dtype
+
+The key bias (0 for valid keys, MASK_LOGIT for masked and padding keys, one row per (batch, row
+i)) is built by the launcher, so no per-logit select is needed; keys past the end are masked by
+it too (their k, v and bias loads read zeros). The (queries x keys) logits never reach HBM.
+
+Memory traffic: the bias and key-bias tiles of the next key block are prefetched into registers
+one step ahead (Triton's pipeliner stages only dot operands loaded from memory, k and v, through
+shared memory). Program order (one flat grid) is chosen for L2 reuse: programs are grouped by
+head, then by GROUP_QUERIES query positions; within a group the query blocks of one row pair run
+together, then the next pair. So a row's keys/values come from HBM once per group (once in all
+up to 1,024 tokens) and a group's bias rows (12 MB at 6,000 tokens in bf16) stay in L2 while all
+rows pass over them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foldmill.kernels.triton_transition_kernel import _rounded, _weights
+
+# Query positions whose bias rows one group of programs keeps hot in L2 (see the module docstring).
+GROUP_QUERIES = 1024
+# Additive logit of masked keys, as in the reference (foldmill.model.layers.triangle_attention).
+MASK_LOGIT = -1e9
+# Key-bias rows are padded to a multiple of the widest key block, plus one block for the last
+# step's prefetch; the padding is masked.
+KEY_PADDING = 128
+LOG2E = tl.constexpr(1.4426950408889634)
+RANK1_WIDTH = tl.constexpr(16)  # smallest tensor-core reduction width: the key-bias product's inner size
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Queries per program, keys per step, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# sm_90 candidates (Triton 3.6, ptxas for sm_90a), the default first. Head dims 16/32: 128 x 128
+# tiles at 8 warps (two warpgroups of 64 queries) read the fewest key/value and bias bytes per
+# logit from L2 (255 registers, at most 36 bytes spilled at 2 stages, none at 3; 147 KB shared
+# memory); 128 x 64 and 64 x 64 tiles spill nothing. Head dim 64: 128 x 128 tiles spill hundreds
+# of bytes (and need 256 KB of shared memory at 3 stages), so only the narrower tiles.
+NARROW_CONFIGS = (
+    BlockConfig(128, 128, 8, 3),
+    BlockConfig(128, 128, 8, 2),
+    BlockConfig(128, 64, 8, 3),
+    BlockConfig(64, 64, 4, 3),
+)
+WIDE_CONFIGS = (BlockConfig(128, 64, 8, 2), BlockConfig(128, 64, 8, 3), BlockConfig(64, 64, 4, 3))
+NARROW_HEAD_DIM = 32
+
+
+def candidates(head_dim: int) -> tuple[BlockConfig, ...]:
+    """The block configurations tried for this head dim, the default first."""
+    return NARROW_CONFIGS if head_dim <= NARROW_HEAD_DIM else WIDE_CONFIGS
+
+
+@triton.jit
+def _attend_key_block(
+    q,
+    k_row,
+    k_stride_j,
+    v_row,
+    v_stride_j,
+    key_bias,
+    key,
+    key_ok,
+    dim,
+    ones,
+    bias,
+    running_max,
+    running_sum,
+    acc,
+    DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):
+    """One key block of one row: the logits, the online-softmax update, acc += p v."""
+    k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
+    logits = tl.dot(q, _weights(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
+    # ones @ [key bias; zero rows] adds the key bias to every query's logits.
+    first_row = tl.arange(0, RANK1_WIDTH)[:, None] == 0
+    key_bias = tl.where(first_row, _weights(key_bias, EMULATE_BF16)[None, :], 0.0)
+    logits = tl.dot(ones, key_bias, logits, input_precision=DOT_PRECISION)
+
+    new_max = tl.maximum(running_max, tl.max(logits, axis=1))
+    new_max_log2 = new_max * LOG2E
+    correction = tl.math.exp2(running_max * LOG2E - new_max_log2)  # 0 at the first block (-inf)
+    p = tl.math.exp2(logits * LOG2E - new_max_log2[:, None])
+    running_sum = running_sum * correction + tl.sum(p, axis=1)
+    v = tl.load(v_row + key[:, None] * v_stride_j + dim[None, :], mask=key_ok[:, None], other=0.0)
+    p = _rounded(p, DTYPE, EMULATE_BF16)
+    acc = tl.dot(p, _weights(v, EMULATE_BF16), acc * correction[:, None], input_precision=DOT_PRECISION)
+    return new_max, running_sum, acc
+
+
+@triton.jit
+def _store_row(out_tile, acc, running_sum, store_ok, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """acc / running_sum (>= 1: the largest logit contributes exp2(0)) into the row's output tile."""
+    out = _rounded(acc / running_sum[:, None], DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
+    tl.store(out_tile, out, mask=store_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["rows", "queries", "keys", "tuning_class"])  # one compilation for all sizes
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    key_bias_ptr,
+    out_ptr,
+    rows,
+    queries,
+    keys,
+    scale,
+    tuning_class,  # read only by the autotuner's key
+    q_stride_b,
+    q_stride_i,
+    q_stride_h,
+    q_stride_j,
+    k_stride_b,
+    k_stride_i,
+    k_stride_h,
+    k_stride_j,
+    v_stride_b,
+    v_stride_i,
+    v_stride_h,
+    v_stride_j,
+    bias_stride_b,
+    bias_stride_h,
+    bias_stride_q,
+    key_bias_stride_b,
+    key_bias_stride_i,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_QUERIES: tl.constexpr,
+    ALIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):
+    # ALIGN divides both (the launcher makes sure); said this way the compiler vectorises the bias loads.
+    keys = (keys // ALIGN) * ALIGN
+    bias_stride_q = (bias_stride_q // ALIGN) * ALIGN
+
+    # Program id -> (batch, head, row pair, query block); see the module docstring for the order.
+    query_blocks = tl.cdiv(queries, BLOCK_M)
+    row_pairs = tl.cdiv(rows, 2)
+    group_blocks: tl.constexpr = max(GROUP_QUERIES // BLOCK_M, 1)
+    pid = tl.program_id(0)
+    per_head = row_pairs * query_blocks
+    batch_head = pid // per_head
+    in_head = pid % per_head
+    first_block = (in_head // (group_blocks * row_pairs)) * group_blocks
+    blocks_here = min(query_blocks - first_block, group_blocks)  # the last group may be narrower
+    in_group = in_head - first_block * row_pairs
+    query_block = first_block + in_group % blocks_here
+    row0 = (in_group // blocks_here) * 2
+    row1 = tl.minimum(row0 + 1, rows - 1)  # an odd last row is computed and stored twice (the same values)
+    # 64-bit offsets: row * stride exceeds 2^31 from ~4,000 tokens.
+    batch = (batch_head // HEADS).to(tl.int64)
+    head = (batch_head % HEADS).to(tl.int64)
+    row0 = row0.to(tl.int64)
+    row1 = row1.to(tl.int64)
+
+    dtype = out_ptr.dtype.element_ty  # the compute dtype: q, k, v, the p operand and the output
+    query = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dim = tl.arange(0, HEAD_DIM)
+    query_ok = query < queries
+    q_head = q_ptr + batch * q_stride_b + head * q_stride_h + query[:, None] * q_stride_j + dim[None, :]
+    # scale * q rounded to the compute dtype, as the reference's matmul(q * scale, k^T) does.
+    q0 = tl.load(q_head + row0 * q_stride_i, mask=query_ok[:, None], other=0.0)
+    q0 = _rounded(_weights(q0, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
+    q1 = tl.load(q_head + row1 * q_stride_i, mask=query_ok[:, None], other=0.0)
+    q1 = _rounded(_weights(q1, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
+    k_head = k_ptr + batch * k_stride_b + head * k_stride_h
+    v_head = v_ptr + batch * v_stride_b + head * v_stride_h
+    key_bias_row0 = key_bias_ptr + batch * key_bias_stride_b + row0 * key_bias_stride_i
+    key_bias_row1 = key_bias_ptr + batch * key_bias_stride_b + row1 * key_bias_stride_i
+    ones = _rounded(tl.full((BLOCK_M, RANK1_WIDTH), 1.0, tl.float32), dtype, EMULATE_BF16)
+    # Queries past the end read the last query's bias row (in bounds; their output is not stored).
+    last_query = tl.minimum(query, queries - 1)
+    bias_rows = bias_ptr + batch * bias_stride_b + head * bias_stride_h + last_query[:, None] * bias_stride_q
+
+    max0 = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    sum0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    max1, sum1, acc1 = max0, sum0, acc0
+    key = tl.arange(0, BLOCK_N)
+    bias = tl.load(bias_rows + key[None, :], mask=(key < keys)[None, :], other=0.0)
+    key_bias0 = tl.load(key_bias_row0 + key)  # key-bias rows are padded: always in bounds
+    key_bias1 = tl.load(key_bias_row1 + key)
+    for start in range(0, keys, BLOCK_N):
+        key = start + tl.arange(0, BLOCK_N)
+        key_ok = key < keys
+        next_key = key + BLOCK_N
+        next_bias = tl.load(bias_rows + next_key[None, :], mask=(next_key < keys)[None, :], other=0.0)
+        next_key_bias0 = tl.load(key_bias_row0 + next_key)
+        next_key_bias1 = tl.load(key_bias_row1 + next_key)
+        bias_f32 = bias.to(tl.float32)
+        max0, sum0, acc0 = _attend_key_block(
+            q0,
+            k_head + row0 * k_stride_i,
+            k_stride_j,
+            v_head + row0 * v_stride_i,
+            v_stride_j,
+            key_bias0,
+            key,
+            key_ok,
+            dim,
+            ones,
+            bias_f32,
+            max0,
+            sum0,
+            acc0,
+            dtype,
+            DOT_PRECISION,
+            EMULATE_BF16,
+        )
+        max1, sum1, acc1 = _attend_key_block(
+            q1,
+            k_head + row1 * k_stride_i,
+            k_stride_j,
+            v_head + row1 * v_stride_i,
+            v_stride_j,
+            key_bias1,
+            key,
+            key_ok,
+            dim,
+            ones,
+            bias_f32,
+            max1,
+            sum1,
+            acc1,
+            dtype,
+            DOT_PRECISION,
+            EMULATE_BF16,
+        )
+        bias = next_bias
+        key_bias0 = next_key_bias0
+        key_bias1 = next_key_bias1
+
+    # out is (B, I, H, Jq, D), contiguous.
+    out_head = out_ptr + (batch * rows * HEADS + head) * queries * HEAD_DIM + query[:, None] * HEAD_DIM + dim[None, :]
+    row_size = HEADS * queries * HEAD_DIM
+    _store_row(out_head + row0 * row_size, acc0, sum0, query_ok, dtype, EMULATE_BF16)
+    _store_row(out_head + row1 * row_size, acc1, sum1, query_ok, dtype, EMULATE_BF16)
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+    """Keep the candidates meant for this head dim."""
+    wanted = {(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in candidates(kwargs["HEAD_DIM"])}
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+
+
+# Tuned once per process and (head dim, size class of the key count, dtypes, alignment) at its first
+# call: that call must be eager, never inside CUDA-graph capture (benchmarking launches and
+# synchronises). The size class (next power of two of the keys) keeps one tuning per class of lengths.
+_autotuned_kernel = triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
+        for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
+    ],
+    key=["HEAD_DIM", "tuning_class", "ALIGN"],
+    prune_configs_by={"early_config_prune": _prune},
+)(_attention_kernel)
+
+
+def _key_bias(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -> Tensor:
+    """(B, I, padded keys): 0 where the key is valid, MASK_LOGIT where it is masked or padding.
+
+    mask: (B or 1, I or 1, 1, 1, keys), nonzero = valid. Padded to a multiple of KEY_PADDING plus
+    one KEY_PADDING (the kernel prefetches one key block past the last). In fp16, whose range ends
+    at 65504, masked keys get its lowest value instead (still exp -> 0 beside any valid key, and
+    finite, so rows without a valid key stay finite).
+    """
+    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
+    mask_logit = max(MASK_LOGIT, torch.finfo(dtype).min)
+    out = torch.full((batch, rows, padded), mask_logit, device=mask.device, dtype=dtype)
+    valid = mask.expand(batch, rows, 1, 1, keys)[:, :, 0, 0, :]
+    out[:, :, :keys].masked_fill_(valid if valid.dtype == torch.bool else valid != 0, 0.0)
+    return out
+
+
+def flash_triangle_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    mask: Tensor,
+    scale: float,
+    compute_dtype: torch.dtype,
+    config: BlockConfig | None = None,
+    group_queries: int = GROUP_QUERIES,
+) -> Tensor:
+    """softmax(scale * q k^T + bias + mask) v per (batch, row, head); returns (B, I, H, Jq, D) in
+    `compute_dtype`, contiguous.
+
+    q: (B, I, H, Jq, D); k, v: (B, I, H, Jk, D), any strides (read in place; copied only if their
+    last axis is strided or their dtype is not the compute dtype); bias: (B or 1, 1, H, Jq, Jk),
+    copied key-contiguous in the compute dtype when it is not key-contiguous (the model's bias is
+    a permuted (B, N, N, H) projection); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid
+    key. D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
+    CPU tensors run the interpreter with the first candidate); `group_queries` is the L2 grouping
+    (tests shrink it to exercise partial groups). fp32 compute runs exact fp32 dots ("ieee").
+    """
+    batch, rows, heads, queries, head_dim = q.shape
+    keys = k.shape[-2]
+    q, k, v = (
+        t if t.dtype == compute_dtype and t.stride(-1) == 1 else t.to(compute_dtype).contiguous() for t in (q, k, v)
+    )
+    if bias.stride(-1) != 1:
+        bias_dtype = bias.dtype if compute_dtype == torch.float32 else compute_dtype
+        bias = torch.empty(bias.shape, device=bias.device, dtype=bias_dtype).copy_(bias)  # one pass
+    bias = bias.expand(batch, 1, heads, queries, keys)
+    out = torch.empty(batch, rows, heads, queries, head_dim, device=q.device, dtype=compute_dtype)
+    if out.numel() == 0:
+        return out
+    key_biases = _key_bias(mask, batch, rows, keys, compute_dtype)
+    on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
+    emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see _rounded
+    args = (q, k, v, bias, key_biases, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
+    strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
+    strides += key_biases.stride()[:2]
+    shape_args = {
+        "HEADS": heads,
+        "HEAD_DIM": head_dim,
+        "GROUP_QUERIES": group_queries,
+        "ALIGN": math.gcd(16, keys, *bias.stride()[:-1]),  # see the kernel's first lines
+        "DOT_PRECISION": "ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
+        "EMULATE_BF16": emulate_bf16,
+    }
+    if config is None and on_cpu:  # no benchmarking in the interpreter
+        config = candidates(head_dim)[0]
+    programs = batch * heads * triton.cdiv(rows, 2)
+    if config is None:
+        grid = lambda meta: (programs * triton.cdiv(queries, meta["BLOCK_M"]),)  # noqa: E731
+        _autotuned_kernel[grid](*args, *strides, **shape_args)
+    else:
+        _attention_kernel[(programs * triton.cdiv(queries, config.block_m),)](
+            *args,
+            *strides,
+            **shape_args,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+    return out

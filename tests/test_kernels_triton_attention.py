@@ -1,0 +1,288 @@
+"""The Triton flash triangle-attention backend (foldmill.kernels.triton_triangle_attention).
+
+- Where the kernel does not apply (autograd recording, head dims other than 16/32/64) the backend
+  runs the reference: always tested, triton or not.
+- The kernel's parity with `triangle_attention_core` under Triton's CPU interpreter (skipped where
+  triton is not installed, e.g. CI). TRITON_INTERPRET=1 must be set before triton is imported, so
+  the kernel runs in a child process (this file run as a script) on inputs the test writes.
+- Every block configuration compiles for sm_90 within its shared memory (no GPU needed).
+- GPU parity at the model's sizes, masked rows, block configs and CUDA-graph replay (gpu marker).
+
+Inputs are laid out as the model hands them over: q, k, v strided views of one (B, I, J, 4*H*D)
+projection (GatedAttention), the bias a permuted (B, J, J, H) projection (TriangleAttention).
+Rows without any valid key (padding) only need finite values; the others are compared.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from foldmill.kernels import triton_triangle_attention
+from foldmill.model.layers.triangle_attention import GatedAttention, triangle_attention_core
+
+BF16_TOL, FP32_TOL = 1e-2, 1e-5
+HEADS = 4
+try:
+    import triton  # the interpreted kernel itself is imported in the child process only
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference.double()).norm() / reference.double().norm())
+
+
+def model_inputs(
+    batch: int,
+    rows: int,
+    tokens: int,
+    head_dim: int,
+    seed: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    row_offset: int = 0,
+) -> tuple[torch.Tensor, ...]:
+    """q, k, v, bias, mask as TriangleAttention/GatedAttention produce them (in `dtype`), for `rows` rows
+    starting at `row_offset` of a larger pair (a row chunk, as with chunk_size). The same seed gives the
+    same values in every dtype. Keys ~30% masked; with several rows, row 0 fully masked (a padding row)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    projected = torch.randn(batch, row_offset + rows, tokens, 4 * HEADS * head_dim, generator=generator, device=device)
+    heads = GatedAttention(1, head_dim, HEADS)._heads
+    q, k, v, _ = projected.to(dtype)[:, row_offset:].chunk(4, dim=-1)
+    bias = 2 * torch.randn(batch, tokens, tokens, HEADS, generator=generator, device=device)
+    mask = torch.rand(batch, rows, 1, 1, tokens, generator=generator, device=device) > 0.3
+    if rows > 1:
+        mask[:, 0] = False
+    return heads(q), heads(k), heads(v), bias.to(dtype).permute(0, 3, 1, 2).unsqueeze(1), mask
+
+
+def valid_rows(mask: torch.Tensor) -> torch.Tensor:
+    """(I,) rows of batch 0 with at least one valid key."""
+    return mask[0].flatten(1).any(-1)
+
+
+def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
+    supported = [triton_triangle_attention.supported(d) for d in (8, 16, 24, 32, 64, 128)]
+    assert supported == [False, True, False, True, True, False]
+    if not torch.cuda.is_available():
+        assert triton_triangle_attention.available() is False
+    # Head dim 24: not a kernel width, the reference runs (triton or not).
+    q, k, v, bias, mask = model_inputs(1, 3, 10, 24, seed=1)
+    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 24**-0.5)
+    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
+    # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
+    q, k, v, bias, mask = model_inputs(1, 3, 10, 32, seed=2)
+    q = q.detach().requires_grad_()
+    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 32**-0.5)
+    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
+    out.sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
+
+
+# (name, batch, rows, tokens, head dim, compute dtype, bias: "model" (permuted, bf16/fp32 as the
+# compute dtype) | "fp32_contiguous", block config (BLOCK_M, BLOCK_N, warps, stages) or None for the
+# default, L2 group size in queries, how to run). 40 and 136 tokens are not multiples of the blocks;
+# 16 x 16 blocks with 32-query groups give several query/key blocks and a partial last group; odd row
+# counts leave the last row pair half empty. "backend" runs the registry backend under CPU autocast.
+INTERPRETER_CASES = [
+    ("fp32_d32_small_blocks", 1, 3, 40, 32, torch.float32, "model", (16, 16, 4, 2), 32, "kernel"),
+    ("fp32_d16_default_blocks", 1, 3, 40, 16, torch.float32, "model", None, 1024, "kernel"),
+    ("bf16_d32_small_blocks", 1, 3, 40, 32, torch.bfloat16, "model", (16, 32, 4, 2), 16, "kernel"),
+    ("bf16_d16_fp32_bias", 1, 2, 40, 16, torch.bfloat16, "fp32_contiguous", None, 1024, "kernel"),
+    ("bf16_d64_two_batches", 2, 2, 136, 64, torch.bfloat16, "model", None, 1024, "kernel"),
+    ("fp32_d64_136_tokens", 1, 1, 136, 64, torch.float32, "model", (64, 64, 4, 3), 1024, "kernel"),
+    ("backend_under_autocast", 1, 5, 24, 32, torch.bfloat16, "fp32_contiguous", None, 1024, "backend"),
+]
+
+
+def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, dtype, bias_layout: str):
+    """fp32 inputs for the reference, and the same values in `dtype` for the kernel."""
+    exact = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, row_offset=1)
+    *low, low_bias, mask = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, dtype=dtype, row_offset=1)
+    if bias_layout == "fp32_contiguous":
+        low_bias = exact[3].contiguous()
+    return exact[:4], (*low, low_bias, mask)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
+    cases, expected, valid, torch_bf16_errors = [], {}, {}, {}
+    for index, (name, batch, rows, tokens, head_dim, dtype, bias_layout, _, _, _) in enumerate(INTERPRETER_CASES):
+        exact, low = _case_inputs(index, batch, rows, tokens, head_dim, dtype, bias_layout)
+        q, k, v, bias = exact
+        mask, scale = low[-1], head_dim**-0.5
+        assert not low[0].is_contiguous() and low[0].stride(-1) == 1  # as GatedAttention hands them over
+        expected[name] = triangle_attention_core(q, k, v, bias, mask, scale)
+        valid[name] = valid_rows(mask)
+        assert 0 < int(valid[name].sum()) and (rows == 1 or int(valid[name].sum()) < rows)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            reference_bf16 = triangle_attention_core(q, k, v, bias, mask, scale)
+        torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
+        cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
+        cases[-1] |= dict(zip(("config", "group_queries", "via"), INTERPRETER_CASES[index][-3:], strict=True))
+    torch.save(cases, tmp_path / "cases.pt")
+    result = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "cases.pt"), str(tmp_path / "outputs.pt")],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = torch.load(tmp_path / "outputs.pt", weights_only=True)
+    for name, batch, rows, tokens, head_dim, dtype, *_ in INTERPRETER_CASES:
+        out = outputs[name]
+        assert out.shape == (batch, rows, HEADS, tokens, head_dim) and out.dtype == dtype, name
+        assert torch.isfinite(out).all(), name  # fully masked rows included
+        error = relative_error(out[:, valid[name]], expected[name][:, valid[name]])
+        if dtype == torch.float32:
+            assert error <= FP32_TOL, (name, error)
+        else:  # rounding like the tensor cores: no worse than PyTorch's own bf16 path
+            assert error <= BF16_TOL and error <= 1.5 * torch_bf16_errors[name], (name, error, torch_bf16_errors[name])
+
+
+H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_every_block_config_compiles_for_sm90_within_shared_memory():
+    """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as at run time for the model's
+    layout (16-divisible pointers and strides, 8-aligned key counts): each autotuning candidate must
+    build and fit in shared memory, else it could never launch on an H100/H200."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from foldmill.kernels.triton_triangle_attention_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
+
+    names = _attention_kernel.arg_names
+    pointers = {name: "*bf16" for name in names if name.endswith("_ptr")}
+    scalars = {name: "i32" for name in names if name not in pointers and not name.isupper()} | {"scale": "fp32"}
+    divisible = [name for name in names if name in pointers or "stride" in name]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    for head_dim, configs in ((32, NARROW_CONFIGS), (64, WIDE_CONFIGS)):
+        for config in configs:
+            constants = {"HEADS": HEADS, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
+            constants |= {"GROUP_QUERIES": 1024, "ALIGN": 8, "DOT_PRECISION": "tf32", "EMULATE_BF16": False}
+            signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
+            compiled = triton.compile(
+                ASTSource(_attention_kernel, signature, constants, attrs),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+            )
+            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, config, compiled.metadata.shared)
+
+
+def _patch_interpreter_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter turns loop bounds read from kernel arguments into int(1-element array),
+    which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream): convert the element instead."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def _run_cases(cases_path: Path, outputs_path: Path) -> None:
+    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
+    _patch_interpreter_for_numpy_2_4()
+    from foldmill.kernels.triton_triangle_attention_kernel import BlockConfig, flash_triangle_attention
+
+    outputs = {}
+    for case in torch.load(cases_path, weights_only=True):
+        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
+        q, k, v, bias, mask = case["inputs"]
+        if case["via"] == "backend":
+            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
+                outputs[case["name"]] = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, case["scale"])
+            continue
+        config = None if case["config"] is None else BlockConfig(*case["config"])
+        outputs[case["name"]] = flash_triangle_attention(
+            q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"]
+        )
+    torch.save(outputs, outputs_path)
+
+
+# ---- GPU (run on the H200; skipped without CUDA by conftest's gpu marker) ----
+
+
+def _needs_triton() -> None:
+    if not triton_triangle_attention.available():
+        pytest.skip("triton not installed")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [128, 384, 1000])
+def test_flash_kernel_gpu_parity_in_bf16(tokens):
+    """bf16 kernel vs the fp32 reference on the same inputs: a chunk of rows (strided views at a row
+    offset, as with chunk_size), the model's permuted bias, masked keys and a fully masked row."""
+    _needs_triton()
+    rows = 24
+    q, k, v, bias, mask = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=5)
+    expected = triangle_attention_core(q, k, v, bias, mask, 32**-0.5)
+    low = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=5)
+    assert low[0].stride() == q.stride() and not q.is_contiguous()  # strided views of the projection
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out = triton_triangle_attention.triangle_attention(*low, 32**-0.5)
+    assert out.shape == expected.shape and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    keep = valid_rows(mask)
+    assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_flash_kernel_every_block_config_on_gpu(head_dim, dtype):
+    """Each autotuning candidate (and the autotuned launch) is right, for every supported head dim and
+    half dtype (fp16: masked keys get fp16's lowest value, the fully masked row stays finite)."""
+    _needs_triton()
+    from foldmill.kernels.triton_triangle_attention_kernel import candidates, flash_triangle_attention
+
+    q, k, v, bias, mask = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda")
+    expected = triangle_attention_core(q, k, v, bias, mask, head_dim**-0.5)
+    keep = valid_rows(mask)
+    low = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda", dtype=dtype)
+    for config in (*candidates(head_dim), None):
+        out = flash_triangle_attention(*low, head_dim**-0.5, dtype, config)
+        assert out.dtype == dtype and torch.isfinite(out).all(), config
+        assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL, (head_dim, config)
+
+
+@pytest.mark.gpu
+def test_flash_kernel_replays_in_a_cuda_graph():
+    """The first (eager) call tunes; capture and replay then launch the tuned kernel."""
+    _needs_triton()
+    q, k, v, bias, mask = model_inputs(1, 16, 136, 32, seed=7, device="cuda", dtype=torch.bfloat16)
+    other_q = torch.randn_like(q)
+    with torch.no_grad():
+        expected = triton_triangle_attention.triangle_attention(other_q, k, v, bias, mask, 32**-0.5)  # tunes
+        static_q = q.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+        static_q.copy_(other_q)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, expected)
+
+
+if __name__ == "__main__":
+    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
