@@ -217,7 +217,7 @@ def test_triton_transition_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "bf16"])
 def test_triton_layer_norm_matches_the_fp32_norm(layout):
     """As ComputeDtypeLayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
-    or a bf16 pair) under bf16 autocast -> bf16, through the registry's default choice."""
+    or a bf16 pair) under bf16 autocast -> bf16, through the registry with the Triton backend pinned."""
     _needs_triton()
     from foldmill.model.fastpath import ComputeDtypeLayerNorm
 
@@ -232,7 +232,7 @@ def test_triton_layer_norm_matches_the_fp32_norm(layout):
         expected = norm(z.float())
         norm.__class__ = ComputeDtypeLayerNorm
         kernels.reset_counts()
-        with torch.autocast("cuda", torch.bfloat16):
+        with kernels.kernel_policy(force={"layer_norm": "triton"}), torch.autocast("cuda", torch.bfloat16):
             out = norm(z)
     assert kernels.chosen_counts() == {"layer_norm/triton": 1}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape

@@ -84,8 +84,9 @@ DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
     },
     # The fused kernel never materialises the 4x-wide hidden layer, so it wins at every size.
     "transition": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # Many rows per program instead of PyTorch's one block per 128-wide row.
-    "layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
+    # The Triton layer norm measured level with PyTorch's on the H200 (1.64 vs 1.59 ms at 1,024 tokens):
+    # it runs only where a measured table puts it first.
+    "layer_norm": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
 }
 
 

@@ -105,8 +105,12 @@ def _attend_key_block(
 
     new_max = tl.maximum(running_max, tl.max(logits, axis=1))
     new_max_log2 = new_max * LOG2E
-    correction = tl.math.exp2(running_max * LOG2E - new_max_log2)  # 0 at the first block (-inf)
-    p = tl.math.exp2(logits * LOG2E - new_max_log2[:, None])
+    # Exponents are <= 0 by construction; the clamp keeps them so when the compiler contracts
+    # x * LOG2E - m into an FMA: for a row whose keys are all masked the logits sit near MASK_LOGIT,
+    # where that rounding difference reaches +-64 and, compounded over key blocks, overflowed to
+    # inf/NaN on the H200 (1,000 tokens, fully masked padding row).
+    correction = tl.math.exp2(tl.minimum(running_max * LOG2E - new_max_log2, 0.0))  # 0 at the first block
+    p = tl.math.exp2(tl.minimum(logits * LOG2E - new_max_log2[:, None], 0.0))
     running_sum = running_sum * correction + tl.sum(p, axis=1)
     v = tl.load(v_row + key[:, None] * v_stride_j + dim[None, :], mask=key_ok[:, None], other=0.0)
     p = _rounded(p, DTYPE, EMULATE_BF16)
