@@ -151,8 +151,8 @@ def test_fast_path_graphs_copy_only_the_noisy_coordinates_and_noise_level(model)
 
 
 def test_predict_by_small_row_blocks_equals_unblocked_bitwise(model, features, monkeypatch):
-    """Every row-blocked stage (conditioning, the confidence embedding and metrics), in a whole fp32
-    prediction, with blocks of 2 token rows: the same outputs, bit for bit."""
+    """Every row-blocked stage (the trunk's pair embedding, conditioning, the confidence embedding and
+    metrics), in a whole fp32 prediction, with blocks of 2 token rows: the same outputs, bit for bit."""
     from foldmill.model import InferenceRecipe
     from foldmill.model import token_rows
 

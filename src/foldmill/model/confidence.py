@@ -18,10 +18,11 @@ heads. Parameter names match the Boltz-2 checkpoint (`confidence_module.*`, incl
 the `boundaries` buffer).
 
 Memory (one sample at 6,000 tokens: a (N, N, 128) fp32 pair tensor is 17.2 GiB): the embedding sums
-accumulate into the module's own z in place (same values), the per-pair embeddings (bonds, bond
-types, contact constraints, predicted distances) are computed and added by blocks of token rows
-(foldmill.model.token_rows; the unblocked contact conditioning alone made ~60 GiB of
-temporaries), and the PAE/PDE logits keep the heads' dtype (bf16 under autocast, 4.3 GiB each)
+accumulate into the module's own z in place (same values), the per-pair embeddings (relative
+positions, bonds, bond types, contact constraints, the s_inputs outer product, predicted distances)
+are computed and added by blocks of token rows (foldmill.model.token_rows; unblocked, the contact
+conditioning alone made ~60 GiB of temporaries and the relative positions' int64 one-hots
+ran a 6,000-token H200 run out of memory), and the PAE/PDE logits keep the heads' dtype (bf16 under autocast, 4.3 GiB each)
 instead of being promoted to fp32 by a float mask.
 """
 
@@ -39,9 +40,6 @@ from foldmill.model.contact_conditioning import ContactConditioning
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.token_rows import rows_per_block
-
-# The pair features ContactConditioning reads, sliced by token rows for a block.
-_CONTACT_FEATURES = ("contact_conditioning", "contact_threshold")
 
 PAE_MAX = 32.0  # A, upper end of the PAE / PDE bins
 
@@ -196,21 +194,17 @@ class ConfidenceModule(nn.Module):
             s = s + self.s_input_to_s(s_inputs)
         z = self.z_norm(z)  # a new tensor: from here on z is this method's own
         if self.add_z_input_to_z:
-            z = _accumulate(z, self.rel_pos(feats))
+            z = _accumulate_by_rows(z, lambda rows: self.rel_pos(feats, rows))
             z = _accumulate_by_rows(z, lambda rows: self.token_bonds(feats["token_bonds"][:, rows].float()))
             if self.bond_type_feature:
                 z = _accumulate_by_rows(z, lambda rows: self.token_bonds_type(feats["type_bonds"][:, rows].long()))
-            z = _accumulate_by_rows(
-                z, lambda rows: self.contact_conditioning({name: feats[name][:, rows] for name in _CONTACT_FEATURES})
-            )
+            z = _accumulate_by_rows(z, lambda rows: self.contact_conditioning(feats, rows))
         z = _accumulate(z, self.s_to_z(s_inputs)[:, :, None, :])
         z = _accumulate(z, self.s_to_z_transpose(s_inputs)[:, None, :, :])
         if self.add_s_to_z_prod:
-            z = _accumulate(
-                z,
-                self.s_to_z_prod_out(
-                    self.s_to_z_prod_in1(s_inputs)[:, :, None, :] * self.s_to_z_prod_in2(s_inputs)[:, None, :, :]
-                ),
+            prod_in1, prod_in2 = self.s_to_z_prod_in1(s_inputs), self.s_to_z_prod_in2(s_inputs)
+            z = _accumulate_by_rows(
+                z, lambda rows: self.s_to_z_prod_out(prod_in1[:, rows, None, :] * prod_in2[:, None, :, :])
             )
         s = _per_sample(s, multiplicity)
         z = _per_sample(z, multiplicity)

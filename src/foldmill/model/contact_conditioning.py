@@ -37,9 +37,10 @@ class ContactConditioning(nn.Module):
         self.encoding_unspecified = nn.Parameter(torch.zeros(token_z))
         self.encoding_unselected = nn.Parameter(torch.zeros(token_z))
 
-    def forward(self, feats: dict[str, Tensor]) -> Tensor:
-        classes = feats["contact_conditioning"]
-        cutoff = (feats["contact_threshold"] - self.cutoff_min) / (self.cutoff_max - self.cutoff_min)
+    def forward(self, feats: dict[str, Tensor], rows: slice = slice(None)) -> Tensor:
+        """(B, rows, N, token_z) for the token rows `rows` (all by default)."""
+        classes = feats["contact_conditioning"][:, rows]
+        cutoff = (feats["contact_threshold"][:, rows] - self.cutoff_min) / (self.cutoff_max - self.cutoff_min)
         cutoff_fourier = self.fourier_embedding(cutoff.flatten()).reshape(*cutoff.shape, -1)
         encoded = self.encoder(torch.cat([classes[..., _CONSTRAINT], cutoff.unsqueeze(-1), cutoff_fourier], dim=-1))
         no_constraint = classes[..., _NO_CONSTRAINT]

@@ -24,8 +24,9 @@ from torch.nn.functional import one_hot
 _NO_PERIOD = 10000
 
 
-def _pairwise(feature: Tensor) -> tuple[Tensor, Tensor]:
-    return feature[:, :, None], feature[:, None, :]
+def _pairwise(feature: Tensor, rows: slice) -> tuple[Tensor, Tensor]:
+    """(query tokens i of `rows`, key tokens j) views for pairwise comparison."""
+    return feature[:, rows, None], feature[:, None, :]
 
 
 def _clipped_one_hot(offset: Tensor, keep: Tensor, limit: int) -> Tensor:
@@ -50,8 +51,8 @@ class RelativePositionEncoder(nn.Module):
         self.cyclic_pos_enc = cyclic_pos_enc
         self.linear_layer = nn.Linear(4 * (r_max + 1) + 2 * (s_max + 1) + 1, token_z, bias=False)
 
-    def _residue_offset(self, feats: dict[str, Tensor]) -> Tensor:
-        residue_i, residue_j = _pairwise(feats["residue_index"])
+    def _residue_offset(self, feats: dict[str, Tensor], rows: slice) -> Tensor:
+        residue_i, residue_j = _pairwise(feats["residue_index"], rows)
         offset = residue_i - residue_j
         period = feats["cyclic_period"]
         if self.cyclic_pos_enc and torch.any(period > 0):
@@ -62,17 +63,19 @@ class RelativePositionEncoder(nn.Module):
             offset = (offset - period * torch.round(offset / period)).long()
         return offset
 
-    def forward(self, feats: dict[str, Tensor]) -> Tensor:
-        asym_i, asym_j = _pairwise(feats["asym_id"])
-        residue_i, residue_j = _pairwise(feats["residue_index"])
-        entity_i, entity_j = _pairwise(feats["entity_id"])
-        token_i, token_j = _pairwise(feats["token_index"])
-        sym_i, sym_j = _pairwise(feats["sym_id"])
+    def forward(self, feats: dict[str, Tensor], rows: slice = slice(None)) -> Tensor:
+        """(B, rows, N, token_z): the encoding of the pairs (i, j) with i in `rows` (all by default;
+        callers at large token counts go by blocks of rows: the one-hot blocks are int64)."""
+        asym_i, asym_j = _pairwise(feats["asym_id"], rows)
+        residue_i, residue_j = _pairwise(feats["residue_index"], rows)
+        entity_i, entity_j = _pairwise(feats["entity_id"], rows)
+        token_i, token_j = _pairwise(feats["token_index"], rows)
+        sym_i, sym_j = _pairwise(feats["sym_id"], rows)
         same_chain = asym_i == asym_j
         same_residue = residue_i == residue_j
         same_entity = entity_i == entity_j
 
-        residue_block = _clipped_one_hot(self._residue_offset(feats), same_chain, self.r_max)
+        residue_block = _clipped_one_hot(self._residue_offset(feats, rows), same_chain, self.r_max)
         token_block = _clipped_one_hot(token_i - token_j, same_chain & same_residue, self.r_max)
         chain_keep = same_entity if self.fix_sym_check else ~same_chain
         chain_block = _clipped_one_hot(sym_i - sym_j, chain_keep, self.s_max)
