@@ -16,14 +16,11 @@ from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
 from foldmill.model.layers.triangle_attention import TriangleAttention, triangle_attention_core
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
+from kernel_testing import relative_error
 
 pytestmark = pytest.mark.gpu
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 CUDA = torch.device("cuda")
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((value.double() - reference.double()).norm() / reference.double().norm())
 
 
 def token_mask(n: int, real: int, seed: int) -> torch.Tensor:

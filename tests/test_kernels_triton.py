@@ -1,16 +1,13 @@
 """The "transition" op: CPU routing and reference math (always), and the fused Triton kernel's parity
 under Triton's CPU interpreter (skipped where triton is not installed, e.g. CI).
 
-The interpreter needs TRITON_INTERPRET=1 before triton is imported, which would turn every Triton
-kernel of the test process into its interpreted form, so the kernel runs in a child process (this
-file run as a script) on inputs the test writes; the test compares its outputs with the fp32
-reference. GPU parity and CUDA-graph replay are in test_kernels_gpu.py.
+The kernel runs in a child process (kernel_testing.run_interpreted: this file run as a script)
+on inputs the test writes; the test compares its outputs with the fp32 reference. GPU parity and
+CUDA-graph replay are in test_kernels_gpu.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,18 +18,9 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels import triton_transition
 from foldmill.model.layers.transition import Transition, transition
+from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
-try:
-    import triton  # the interpreted kernel itself is imported in the child process only
-
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((value.double() - reference.double()).norm() / reference.double().norm())
 
 
 def weights(dim: int, hidden: int, out_dim: int, seed: int) -> dict[str, torch.Tensor]:
@@ -138,17 +126,7 @@ def test_fused_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
         expected[name] = plain_math(x, w)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             torch_bf16_errors[name] = relative_error(transition(x, **w), expected[name])
-    torch.save(cases, tmp_path / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "cases.pt"), str(tmp_path / "outputs.pt")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    outputs = torch.load(tmp_path / "outputs.pt", weights_only=True)
+    outputs = run_interpreted(__file__, cases, tmp_path)
     for name, lead, dim, hidden, out_dim, x_dtype, dtype, config, via in INTERPRETER_CASES:
         out = outputs[name]
         assert out.shape == (*lead, out_dim) and out.dtype == dtype, name
@@ -168,6 +146,7 @@ H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed): each autotuning candidate must build
     and fit in shared memory, else it could never launch on an H100/H200."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

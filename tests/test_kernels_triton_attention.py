@@ -15,8 +15,6 @@ Rows without any valid key (padding) only need finite values; the others are com
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,19 +23,10 @@ import torch
 
 from foldmill.kernels import triton_triangle_attention
 from foldmill.model.layers.triangle_attention import GatedAttention, triangle_attention_core
+from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
-try:
-    import triton  # the interpreted kernel itself is imported in the child process only
-
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((value.double() - reference.double()).norm() / reference.double().norm())
 
 
 def model_inputs(
@@ -128,17 +117,7 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
         torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
         cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
         cases[-1] |= dict(zip(("config", "group_queries", "via"), INTERPRETER_CASES[index][-3:], strict=True))
-    torch.save(cases, tmp_path / "cases.pt")
-    result = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "cases.pt"), str(tmp_path / "outputs.pt")],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    outputs = torch.load(tmp_path / "outputs.pt", weights_only=True)
+    outputs = run_interpreted(__file__, cases, tmp_path)
     for name, batch, rows, tokens, head_dim, dtype, *_ in INTERPRETER_CASES:
         out = outputs[name]
         assert out.shape == (batch, rows, HEADS, tokens, head_dim) and out.dtype == dtype, name
@@ -158,6 +137,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as at run time for the model's
     layout (16-divisible pointers and strides, 8-aligned key counts): each autotuning candidate must
     build and fit in shared memory, else it could never launch on an H100/H200."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

@@ -5,8 +5,6 @@ GPU parity is in test_kernels_gpu.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,17 +15,8 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels import triton_layer_norm
 from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
-try:
-    import triton  # noqa: F401 - the interpreted kernel itself is imported in the child process only
-
-    HAS_TRITON = True
-except ImportError:
-    HAS_TRITON = False
-
-
-def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((value.double() - reference.double()).norm() / reference.double().norm())
 
 
 def test_cpu_routes_layer_norm_to_the_reference():
@@ -106,16 +95,7 @@ def test_kernel_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path
         bias = 0.3 * torch.randn(width, generator=generator) if affine else None
         cases.append({"name": name, "x": x, "weight": weight, "bias": bias, "dtype": str(out_dtype)})
         expected[name] = F.layer_norm(x.float(), (width,), weight, bias, 1e-5)
-    torch.save(cases, tmp_path / "cases.pt")
-    result = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "cases.pt"), str(tmp_path / "outputs.pt")],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    outputs = torch.load(tmp_path / "outputs.pt", weights_only=True)
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
     for name, make, affine, in_dtype, out_dtype in CASES:
         out = outputs[name]
         assert out.shape == expected[name].shape and out.dtype == out_dtype and out.is_contiguous(), name
