@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.model.token_rows import by_token_rows
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
@@ -81,20 +82,20 @@ class GatedAttention(nn.Module):
         rows = projected.shape[1]
         step = rows if chunk_size is None else chunk_size
         # Rows are independent, so chunking over them only bounds the logits' memory.
-        parts = [
-            kernels.dispatch(
+        out = by_token_rows(
+            lambda block: kernels.dispatch(
                 "triangle_attention",
                 triangle_attention_core,
-                q[:, i : i + step],
-                k[:, i : i + step],
-                v[:, i : i + step],
+                q[:, block],
+                k[:, block],
+                v[:, block],
                 bias,
-                mask[:, i : i + step],
+                mask[:, block],
                 scale,
-            )
-            for i in range(0, rows, step)
-        ]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            ),
+            rows,
+            step,
+        )
         # The gate in the (B, I, J, H*D) layout linear_o reads: one new tensor, multiplied in place.
         gate = gate.sigmoid().view(*gate.shape[:-1], self.num_heads, self.c_hidden)
         return self.linear_o(gate.mul_(out.transpose(-2, -3)).flatten(-2))
@@ -126,16 +127,11 @@ class TriangleAttention(nn.Module):
         bias = self.linear(x).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
         key_mask = mask[:, :, None, None, :].bool()
         weight = torch.cat(self.mha.projection_weights())
-        rows = x.shape[1]
-        block = projection_block_rows(x.shape[0], x.shape[2], weight.shape[0], x.element_size())
-        if block >= rows:
-            out = self.mha(F.linear(x, weight), bias, key_mask, chunk_size)
-        else:
-            parts = [
-                self.mha(F.linear(x[:, i : i + block], weight), bias, key_mask[:, i : i + block], chunk_size)
-                for i in range(0, rows, block)
-            ]
-            out = torch.cat(parts, dim=1)
+        out = by_token_rows(
+            lambda block: self.mha(F.linear(x[:, block], weight), bias, key_mask[:, block], chunk_size),
+            x.shape[1],
+            projection_block_rows(x.shape[0], x.shape[2], weight.shape[0], x.element_size()),
+        )
         if not self.starting:
             out = out.transpose(-2, -3)
         return out
