@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from foldmill import kernels
-from foldmill.kernels import cueq, triton_transition
+from foldmill.kernels import cueq, triton_support, triton_transition
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
@@ -146,7 +146,7 @@ def _transition_module(dim: int, seed: int) -> Transition:
 
 
 def _needs_triton() -> None:
-    if not triton_transition.available():
+    if not triton_support.available():
         pytest.skip("triton not installed")
 
 

@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.kernels import triton_transition
+from foldmill.kernels import triton_support, triton_transition
 from foldmill.model.layers.transition import Transition, transition
 from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
@@ -49,7 +49,7 @@ def test_cpu_routes_transition_to_the_reference():
     with kernels.kernel_policy(force={"transition": "triton"}):  # CUDA-only backend: still the reference
         assert kernels.select("transition", x, 5) == kernels.REFERENCE
     assert kernels.backend_names("transition") == [kernels.REFERENCE, "triton"]
-    assert isinstance(triton_transition.available(), bool)
+    assert isinstance(triton_support.available(), bool)
 
 
 @torch.no_grad()
@@ -180,8 +180,8 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
             with torch.autocast("cpu", dtype=dtype), torch.no_grad():
                 outputs[case["name"]] = triton_transition.transition(x, **w)
             continue
-        block_d = triton_transition.padded_width(x.shape[-1])
-        block_o = triton_transition.padded_width(w["fc3_weight"].shape[0])
+        block_d = triton_support.padded_width(x.shape[-1])
+        block_o = triton_support.padded_width(w["fc3_weight"].shape[0])
         config = None if case["config"] is None else candidates(block_d, block_o)[case["config"]]
         outputs[case["name"]] = fused_transition(x, *w.values(), 1e-5, dtype, config)
     torch.save(outputs, outputs_path)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from foldmill.kernels import triton_triangle_attention
+from foldmill.kernels import triton_support, triton_triangle_attention
 from foldmill.model.layers.triangle_attention import GatedAttention, triangle_attention_core
 from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
@@ -62,7 +62,7 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     supported = [triton_triangle_attention.supported(d) for d in (8, 16, 24, 32, 64, 128)]
     assert supported == [False, True, False, True, True, False]
     if not torch.cuda.is_available():
-        assert triton_triangle_attention.available() is False
+        assert triton_support.available() is False
     # Head dim 24: not a kernel width, the reference runs (triton or not).
     q, k, v, bias, mask = model_inputs(1, 3, 10, 24, seed=1)
     out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 24**-0.5)
@@ -199,7 +199,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
 
 
 def _needs_triton() -> None:
-    if not triton_triangle_attention.available():
+    if not triton_support.available():
         pytest.skip("triton not installed")
 
 

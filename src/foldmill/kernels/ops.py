@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_transition, triton_triangle_attention
+from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_support, triton_transition, triton_triangle_attention
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
 _CUDA = frozenset({"cuda"})
@@ -44,7 +44,7 @@ register_op(
                 triton_triangle_attention.triangle_attention,
                 _CUDA,
                 _HALF,
-                triton_triangle_attention.available,
+                triton_support.available,
             ),
         ),
     ),
@@ -61,13 +61,13 @@ register_op(
     OpSpec(
         # Pair track (B, N, N, C) and single track (B, N, C) alike: the second-to-last axis is tokens.
         tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
-        backends=(Backend("triton", triton_transition.transition, _CUDA, _HALF, triton_transition.available),),
+        backends=(Backend("triton", triton_transition.transition, _CUDA, _HALF, triton_support.available),),
     ),
 )
 register_op(
     "layer_norm",
     OpSpec(
         tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
-        backends=(Backend("triton", triton_layer_norm.layer_norm, _CUDA, _HALF, triton_layer_norm.available),),
+        backends=(Backend("triton", triton_layer_norm.layer_norm, _CUDA, _HALF, triton_support.available),),
     ),
 )

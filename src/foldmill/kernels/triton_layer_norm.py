@@ -11,22 +11,18 @@ strides are specialised since, not re-measured. It runs only where a measured cr
 it first (registry.DEFAULT_ORDERS leaves it out).
 
 Triton is imported lazily (foldmill.kernels.triton_layer_norm_kernel): this module loads where
-triton is absent; `available()` is then False. Autograd recording and rows wider than
+triton is absent; `triton_support.available()` is then False. Autograd recording and rows wider than
 MAX_WIDTH run the reference.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from foldmill.kernels.registry import compute_dtype
-from foldmill.kernels.triton_transition import available, padded_width
+from foldmill.kernels.triton_support import padded_width, records_autograd
 
 MAX_WIDTH = 1024  # one padded row per register tile
-
-__all__ = ["MAX_WIDTH", "available", "layer_norm", "row_layout"]
-
 
 def row_layout(x: Tensor) -> tuple[Tensor, int, int, int]:
     """(x or a contiguous copy, inner, outer stride, inner stride): row r starts at
@@ -51,8 +47,7 @@ def row_layout(x: Tensor) -> tuple[Tensor, int, int, int]:
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     """The registry backend: the kernel, or the reference where the kernel does not apply."""
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if needs_grad or padded_width(x.shape[-1]) > MAX_WIDTH or x.numel() == 0:
+    if records_autograd(x, weight, bias) or padded_width(x.shape[-1]) > MAX_WIDTH or x.numel() == 0:
         from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 
         return layer_norm_in_compute_dtype(x, weight, bias, eps)

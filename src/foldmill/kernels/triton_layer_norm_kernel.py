@@ -13,7 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_layer_norm import row_layout
-from foldmill.kernels.triton_transition import padded_width
+from foldmill.kernels.triton_support import padded_width
 
 ELEMENTS_PER_PROGRAM = 4096  # rows per program = this / padded width: 32 pair rows of 128
 

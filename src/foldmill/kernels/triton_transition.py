@@ -8,39 +8,21 @@ output once, so memory stays at input + output and time at the matrix products.
 
 Same arguments and result as foldmill.model.layers.transition.transition: the output is in the
 compute dtype (the autocast dtype, else x's), which is what the reference returns under autocast.
-`chunk_size` only bounds the reference's memory; the kernel always works in hidden slices.
-Triton is imported lazily: this module loads where triton is absent (CPU CI); `available()` is
-then False. The reference math runs here instead for widths the kernel does not hold on chip
-(padded wider than MAX_BLOCK_WIDTH, e.g. the score model's 768-wide conditioner) and when autograd
-records (the kernel has no backward; inference runs under no_grad).
+`chunk_size` only bounds the reference's memory; the kernel always works in hidden slices. Triton is
+imported lazily: this module loads where triton is absent (CPU CI); `triton_support.available()` is
+then False. The reference math runs here instead for widths the kernel does not hold on chip (padded
+wider than MAX_BLOCK_WIDTH, e.g. the score model's 768-wide conditioner) and when autograd records
+(the kernel has no backward; inference runs under no_grad).
 """
 
 from __future__ import annotations
 
-import functools
-
-import torch
 from torch import Tensor
 
 from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.triton_support import MIN_WIDTH, padded_width, records_autograd
 
 MAX_BLOCK_WIDTH = 512  # widest padded row one program keeps in registers (the single track's 384 pads to 512)
-MIN_WIDTH = 16  # tl.dot's smallest operand dimension
-
-
-@functools.cache
-def available() -> bool:
-    """Triton importable and a CUDA device present (never raises)."""
-    try:
-        import triton  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return False
-    return torch.cuda.is_available()
-
-
-def padded_width(width: int) -> int:
-    """A tile row's width: the next power of two (tl.arange's rule), at least MIN_WIDTH."""
-    return max(MIN_WIDTH, 1 << (width - 1).bit_length())
 
 
 def supported(dim: int, out_dim: int) -> bool:
@@ -59,9 +41,8 @@ def transition(
     chunk_size: int | None = None,
 ) -> Tensor:
     """The registry backend: the fused kernel, or the reference where the kernel does not apply."""
-    tensors = (x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
-    needs_grad = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
-    if needs_grad or not supported(x.shape[-1], fc3_weight.shape[0]):
+    autograd = records_autograd(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
+    if autograd or not supported(x.shape[-1], fc3_weight.shape[0]):
         from foldmill.model.layers.transition import transition as reference
 
         return reference(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, chunk_size)

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foldmill.kernels.triton_transition import padded_width
+from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_support import padded_width
 
 
 @dataclass(frozen=True)
@@ -43,29 +44,6 @@ NARROW_WIDTH = 128
 def candidates(block_d: int, block_o: int) -> tuple[BlockConfig, ...]:
     """The block configurations tried for these padded widths, the default first."""
     return NARROW_CONFIGS if max(block_d, block_o) <= NARROW_WIDTH else WIDE_CONFIGS
-
-
-@triton.jit
-def _rounded(value, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """An fp32 tile rounded to the dot operand dtype.
-
-    EMULATE_BF16 is for Triton's CPU interpreter only, whose bf16 casts truncate and whose dots
-    multiply bf16 bit patterns: round to nearest even on the fp32 bits and stay fp32 (exact
-    products, fp32 sums: what the tensor cores do with bf16 operands).
-    """
-    if EMULATE_BF16:
-        bits = value.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    return value.to(DTYPE)
-
-
-@triton.jit
-def _weights(value, EMULATE_BF16: tl.constexpr):
-    """A loaded weight tile as a dot operand (upcast exactly under EMULATE_BF16, see _rounded)."""
-    if EMULATE_BF16:
-        return value.to(tl.float32)
-    return value
 
 
 @triton.jit(do_not_specialize=["rows"])  # one compilation for every row count
@@ -107,7 +85,7 @@ def _transition_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / DIM + eps)
     norm_weight = tl.load(norm_weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     norm_bias = tl.load(norm_bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
-    normed = _rounded(centred * rstd[:, None] * norm_weight[None, :] + norm_bias[None, :], dtype, EMULATE_BF16)
+    normed = rounded(centred * rstd[:, None] * norm_weight[None, :] + norm_bias[None, :], dtype, EMULATE_BF16)
 
     acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
     for start in range(0, HIDDEN, BLOCK_H):
@@ -116,19 +94,19 @@ def _transition_kernel(
         # fc1/fc2 weights are (HIDDEN, DIM) row-major: load the (DIM, BLOCK_H) slice transposed.
         in_offsets = unit[None, :] * DIM + col[:, None]
         in_mask = col_ok[:, None] & unit_ok[None, :]
-        fc1 = _weights(tl.load(fc1_ptr + in_offsets, mask=in_mask, other=0.0), EMULATE_BF16)
-        fc2 = _weights(tl.load(fc2_ptr + in_offsets, mask=in_mask, other=0.0), EMULATE_BF16)
+        fc1 = dot_operand(tl.load(fc1_ptr + in_offsets, mask=in_mask, other=0.0), EMULATE_BF16)
+        fc2 = dot_operand(tl.load(fc2_ptr + in_offsets, mask=in_mask, other=0.0), EMULATE_BF16)
         a = tl.dot(normed, fc1, input_precision=DOT_PRECISION)
         b = tl.dot(normed, fc2, input_precision=DOT_PRECISION)
-        gate = _rounded(a * tl.sigmoid(a) * b, dtype, EMULATE_BF16)
+        gate = rounded(a * tl.sigmoid(a) * b, dtype, EMULATE_BF16)
         # fc3 weight is (OUT_DIM, HIDDEN) row-major: load the (BLOCK_H, OUT_DIM) slice transposed.
         fc3_offsets = out_col[None, :] * HIDDEN + unit[:, None]
         fc3_mask = unit_ok[:, None] & out_col_ok[None, :]
-        fc3 = _weights(tl.load(fc3_ptr + fc3_offsets, mask=fc3_mask, other=0.0), EMULATE_BF16)
+        fc3 = dot_operand(tl.load(fc3_ptr + fc3_offsets, mask=fc3_mask, other=0.0), EMULATE_BF16)
         acc = tl.dot(gate, fc3, acc, input_precision=DOT_PRECISION)
 
     out_offsets = row64[:, None] * OUT_DIM + out_col[None, :]
-    out = _rounded(acc, dtype, EMULATE_BF16).to(dtype)  # 2nd cast: exact, interpreter only (else a no-op)
+    out = rounded(acc, dtype, EMULATE_BF16).to(dtype)  # 2nd cast: exact, interpreter only (else a no-op)
     tl.store(out_ptr + out_offsets, out, mask=row_ok[:, None] & out_col_ok[None, :])
 
 

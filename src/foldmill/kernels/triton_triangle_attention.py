@@ -15,22 +15,19 @@ the likely cause came after the session's GPU time and is not yet verified on th
 shipped crossover table does not list this backend: it runs only when forced or when a table
 re-measured after `tests/test_kernels_triton_attention.py` passes on the GPU puts it first.
 
-Same arguments and result as triangle_attention_core: the output is (B, I, H, J, D) in the
-compute dtype (the autocast dtype, else q's). Triton is imported lazily: this module loads where
-triton is absent (CPU CI); `available()` is then False. The reference runs here instead for head
-dims the kernel does not take (not a power of two in 16..64) and when autograd records (the
+Same arguments and result as triangle_attention_core: the output is (B, I, H, J, D) in the compute
+dtype (the autocast dtype, else q's). Triton is imported lazily: this module loads where triton is
+absent (CPU CI); `triton_support.available()` is then False. The reference runs here instead for
+head dims the kernel does not take (not a power of two in 16..64) and when autograd records (the
 kernel has no backward; inference runs under no_grad).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from foldmill.kernels.registry import compute_dtype
-from foldmill.kernels.triton_transition import available
-
-__all__ = ["HEAD_DIMS", "available", "supported", "triangle_attention"]
+from foldmill.kernels.triton_support import records_autograd
 
 HEAD_DIMS = (16, 32, 64)  # tl.dot needs >= 16; wider heads would need smaller tiles than the candidates
 
@@ -42,8 +39,7 @@ def supported(head_dim: int) -> bool:
 
 def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
     """The registry backend: the flash kernel, or the reference where the kernel does not apply."""
-    needs_grad = torch.is_grad_enabled() and any(tensor.requires_grad for tensor in (q, k, v, bias))
-    if needs_grad or not supported(q.shape[-1]):
+    if records_autograd(q, k, v, bias) or not supported(q.shape[-1]):
         from foldmill.model.layers.triangle_attention import triangle_attention_core
 
         return triangle_attention_core(q, k, v, bias, mask, scale)

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from foldmill.kernels.triton_transition_kernel import _rounded, _weights
+from foldmill.kernels.triton_dot_operands import dot_operand, rounded
 
 # Query positions whose bias rows one group of programs keeps hot in L2 (see the module docstring).
 GROUP_QUERIES = 1024
@@ -97,10 +97,10 @@ def _attend_key_block(
 ):
     """One key block of one row: the logits, the online-softmax update, acc += p v."""
     k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
-    logits = tl.dot(q, _weights(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
+    logits = tl.dot(q, dot_operand(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
     # ones @ [key bias; zero rows] adds the key bias to every query's logits.
     first_row = tl.arange(0, RANK1_WIDTH)[:, None] == 0
-    key_bias = tl.where(first_row, _weights(key_bias, EMULATE_BF16)[None, :], 0.0)
+    key_bias = tl.where(first_row, dot_operand(key_bias, EMULATE_BF16)[None, :], 0.0)
     logits = tl.dot(ones, key_bias, logits, input_precision=DOT_PRECISION)
 
     new_max = tl.maximum(running_max, tl.max(logits, axis=1))
@@ -113,15 +113,15 @@ def _attend_key_block(
     p = tl.math.exp2(tl.minimum(logits * LOG2E - new_max_log2[:, None], 0.0))
     running_sum = running_sum * correction + tl.sum(p, axis=1)
     v = tl.load(v_row + key[:, None] * v_stride_j + dim[None, :], mask=key_ok[:, None], other=0.0)
-    p = _rounded(p, DTYPE, EMULATE_BF16)
-    acc = tl.dot(p, _weights(v, EMULATE_BF16), acc * correction[:, None], input_precision=DOT_PRECISION)
+    p = rounded(p, DTYPE, EMULATE_BF16)
+    acc = tl.dot(p, dot_operand(v, EMULATE_BF16), acc * correction[:, None], input_precision=DOT_PRECISION)
     return new_max, running_sum, acc
 
 
 @triton.jit
 def _store_row(out_tile, acc, running_sum, store_ok, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """acc / running_sum (>= 1: the largest logit contributes exp2(0)) into the row's output tile."""
-    out = _rounded(acc / running_sum[:, None], DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
+    out = rounded(acc / running_sum[:, None], DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
     tl.store(out_tile, out, mask=store_ok[:, None])
 
 
@@ -195,14 +195,14 @@ def _attention_kernel(
     q_head = q_ptr + batch * q_stride_b + head * q_stride_h + query[:, None] * q_stride_j + dim[None, :]
     # scale * q rounded to the compute dtype, as the reference's matmul(q * scale, k^T) does.
     q0 = tl.load(q_head + row0 * q_stride_i, mask=query_ok[:, None], other=0.0)
-    q0 = _rounded(_weights(q0, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
+    q0 = rounded(dot_operand(q0, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
     q1 = tl.load(q_head + row1 * q_stride_i, mask=query_ok[:, None], other=0.0)
-    q1 = _rounded(_weights(q1, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
+    q1 = rounded(dot_operand(q1, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
     k_head = k_ptr + batch * k_stride_b + head * k_stride_h
     v_head = v_ptr + batch * v_stride_b + head * v_stride_h
     key_bias_row0 = key_bias_ptr + batch * key_bias_stride_b + row0 * key_bias_stride_i
     key_bias_row1 = key_bias_ptr + batch * key_bias_stride_b + row1 * key_bias_stride_i
-    ones = _rounded(tl.full((BLOCK_M, RANK1_WIDTH), 1.0, tl.float32), dtype, EMULATE_BF16)
+    ones = rounded(tl.full((BLOCK_M, RANK1_WIDTH), 1.0, tl.float32), dtype, EMULATE_BF16)
     # Queries past the end read the last query's bias row (in bounds; their output is not stored).
     last_query = tl.minimum(query, queries - 1)
     bias_rows = bias_ptr + batch * bias_stride_b + head * bias_stride_h + last_query[:, None] * bias_stride_q
@@ -343,7 +343,7 @@ def flash_triangle_attention(
         return out
     key_biases = _key_bias(mask, batch, rows, keys, compute_dtype)
     on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
-    emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see _rounded
+    emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see rounded
     args = (q, k, v, bias, key_biases, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
     strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
     strides += key_biases.stride()[:2]
