@@ -2,9 +2,9 @@
 
 Shapes: triangle multiplication on a (1, N, N, 128) pair; triangle attention core with 4 heads
 x 32 over all N rows (the cuEquivariance layout); pair-biased attention as the diffusion score
-model runs it (5 samples, 16 heads x 48, one bias) over N tokens; the pair transition (128 -> 512 -> 128) on the fp32 (1, N, N, 128)
-pair (the single track's N rows of 384 are not timed: the table is keyed by tokens); the
-LayerNorm of that fp32 pair to the compute dtype. Each
+model runs it (5 samples, 16 heads x 48, one bias) over N tokens; the pair transition
+(128 -> 512 -> 128) on the fp32 (1, N, N, 128) pair (the single track's N rows of 384 are not
+timed: the table is keyed by tokens); the LayerNorm of that fp32 pair to the compute dtype. Each
 backend runs through `kernels.dispatch` with the backend forced, so what is timed is what the
 model runs. Median of `repeats` CUDA-event timings after warm-up.
 Also records each backend's relative error against the fp32 reference on the same inputs.
@@ -129,7 +129,7 @@ def measure(sizes: tuple[int, ...] = SIZES, repeats: int = 10, log: Callable[[st
                 errors.setdefault(op, {}).setdefault(backend, {})[str(n)] = error
                 log(f"{op:24s} {backend:10s} N={n:5d} {milliseconds:9.3f} ms  rel.err {error:.2e}")
                 if backend != "reference" and not error <= MAX_RELATIVE_ERROR:  # NaN fails too
-                    log(f"{op} {backend} N={n}: relative error {error:.2e} > {MAX_RELATIVE_ERROR}, left out of the table")
+                    log(f"{op} {backend} N={n}: relative error {error:.2e} > {MAX_RELATIVE_ERROR}, left out")
                     continue
                 timings.setdefault(op, {}).setdefault(backend, {})[str(n)] = round(milliseconds, 4)
             del expected

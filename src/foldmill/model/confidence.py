@@ -21,9 +21,9 @@ Memory (one sample at 6,000 tokens: a (N, N, 128) fp32 pair tensor is 17.2 GiB):
 accumulate into the module's own z in place (same values), the per-pair embeddings (relative
 positions, bonds, bond types, contact constraints, the s_inputs outer product, predicted distances)
 are computed and added by blocks of token rows (foldmill.model.token_rows; unblocked, the contact
-conditioning alone made ~60 GiB of temporaries and the relative positions' int64 one-hots
-ran a 6,000-token H200 run out of memory), and the PAE/PDE logits keep the heads' dtype (bf16 under autocast, 4.3 GiB each)
-instead of being promoted to fp32 by a float mask.
+conditioning alone made ~60 GiB of temporaries and the relative positions' int64 one-hots ran a
+6,000-token H200 run out of memory), and the PAE/PDE logits keep the heads' dtype (bf16 under
+autocast, 4.3 GiB each) instead of being promoted to fp32 by a float mask.
 """
 
 from __future__ import annotations
