@@ -145,9 +145,9 @@ def test_graph_in_place_inputs_are_recognised_by_address():
 
 def test_fast_path_graphs_copy_only_the_noisy_coordinates_and_noise_level(model):
     """The score-model graph's per-call inputs (copied before every replay) are the coordinates and the noise
-    level; features and conditioning (GiBs at scale) are read in place."""
-    fast = FastBoltz2(model, FastPathOptions())
-    assert fast.graphs.per_call == (True, True, False, False, False, False)
+    level; the sampling run's plan, or the features and conditioning (GiBs at scale), are read in place."""
+    assert FastBoltz2(model, FastPathOptions()).graphs.per_call == (True, True, False)
+    assert FastBoltz2(model, FastPathOptions(kernels=False)).graphs.per_call == (True, True, False, False, False, False)
 
 
 def test_predict_by_small_row_blocks_equals_unblocked_bitwise(model, features, monkeypatch):

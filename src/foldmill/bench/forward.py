@@ -108,8 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class StageTimer:
     """Seconds spent in a Boltz-2 model's stages (OSS and foldmill share module names)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, sampler: Any = None) -> None:
+        """sampler: what draws the diffusion samples through its `sample` (default: the model's
+        structure module; FastBoltz2 samples itself)."""
         self.model = model
+        self.sampler = sampler if sampler is not None else model.structure_module
         self.events: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
         self.cuda = next(model.parameters()).is_cuda
 
@@ -136,8 +139,8 @@ class StageTimer:
                 self.events[stage].append((started.pop(stage), self._now()))
 
             handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-        diffusion = self.model.structure_module
-        sample = diffusion.sample
+        sampler = self.sampler
+        sample = sampler.sample
 
         def timed_sample(*args: Any, **kwargs: Any) -> Any:
             start = self._now()
@@ -145,11 +148,11 @@ class StageTimer:
             self.events["diffusion"].append((start, self._now()))
             return out
 
-        diffusion.sample = timed_sample
+        sampler.sample = timed_sample
         try:
             yield self
         finally:
-            del diffusion.sample
+            del sampler.sample
             for handle in handles:
                 handle.remove()
 
@@ -176,7 +179,8 @@ def parameter_bytes(*modules: nn.Module) -> int:
 
 
 def measure(call: Callable[[bool], Any], timer: StageTimer, device: torch.device, own_bytes: int) -> dict[str, Any]:
-    """Warm-up call(True), then one timed call(False): seconds, peak GiB, stage seconds."""
+    """Warm-up call(True), then one timed call(False): seconds, peak GiB, stage seconds, and whether
+    the coordinates and pLDDT came out finite (a fast kernel's non-finite output must not pass as fast)."""
     call(True)
     _sync(device)
     if device.type == "cuda":
@@ -184,10 +188,11 @@ def measure(call: Callable[[bool], Any], timer: StageTimer, device: torch.device
         before = torch.cuda.memory_allocated(device)
     start = time.perf_counter()
     with timer.recording():
-        call(False)
+        out = call(False)
         _sync(device)
     seconds = time.perf_counter() - start
     row: dict[str, Any] = {"seconds": round(seconds, 3), "stages": timer.seconds()}
+    row["finite"] = all(bool(torch.isfinite(out[name].float()).all()) for name in ("sample_atom_coords", "plddt"))
     if device.type == "cuda":
         row["peak_gib"] = round((torch.cuda.max_memory_allocated(device) - before + own_bytes) / 2**30, 2)
     return row
@@ -355,14 +360,16 @@ class _Models:
     def foldmill_model(self, with_oss_weights: bool) -> Boltz2:
         if self.ours is None:
             with torch.device(self.device):
-                self.ours = Boltz2(self.config)
+                ours = Boltz2(self.config)
             if with_oss_weights:
-                self.ours.load_state_dict(self.oss_model().state_dict(), strict=True)
+                # OSS's compiled modules hold their originals as `_orig_mod`: the same parameters.
+                weights = {k.replace("_orig_mod.", ""): v for k, v in self.oss_model().state_dict().items()}
+                ours.load_state_dict(weights, strict=True)
             else:
                 from foldmill.model.demo import randomize_weights
 
-                randomize_weights(self.ours, self.seed)
-            self.ours.eval()
+                randomize_weights(ours, self.seed)
+            self.ours = ours.eval()
         return self.ours
 
 
@@ -503,7 +510,7 @@ def _measure_contender(
         return fast.predict(feats, warm_recipe if warm else recipe)
 
     own_bytes = parameter_bytes(ours, fast.score_model, fast.network)  # shared tensors counted once
-    row = measure(call, StageTimer(fast.network), models.device, own_bytes)
+    row = measure(call, StageTimer(fast.network, sampler=fast), models.device, own_bytes)
     row["kernel_calls"] = kernels.chosen_counts()
     row["graphs"] = {
         "captures": fast.graphs.captures,

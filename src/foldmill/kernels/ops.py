@@ -7,6 +7,10 @@
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 | layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
+| adaptive_layer_norm     | modulation.adaptive_layer_norm(a, scale, ...) | triton        | a (rows, L, D)   |
+| residual_adaptive_layer_norm | modulation.residual_adaptive_layer_norm | triton   | a (rows, L, D)   |
+| swiglu_product          | modulation.swiglu_product(h)                  | triton        | h (rows, L, 3I)  |
+| token_mean              | fast_score.token_mean(x, starts, ...)         | triton        | tokens of starts |
 
 cuEquivariance's fused `attention_pair_bias` is not routed: it also applies the input
 LayerNorm and the q/k/v/g/o projections, a wider boundary than the core function (and the
@@ -15,15 +19,31 @@ diffusion transformer normalises with AdaLN instead).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from foldmill.kernels import cueq, sdpa, triton_layer_norm, triton_support, triton_transition, triton_triangle_attention
+from foldmill.kernels import (
+    cueq,
+    sdpa,
+    triton_layer_norm,
+    triton_modulation,
+    triton_support,
+    triton_transition,
+    triton_triangle_attention,
+)
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
 _CUDA = frozenset({"cuda"})
 _CPU_AND_CUDA = frozenset({"cpu", "cuda"})
 _HALF = frozenset({torch.bfloat16, torch.float16})
 _FLOAT = frozenset({torch.bfloat16, torch.float16, torch.float32})
+
+
+def _second_to_last_axis(x: torch.Tensor, *args: object, **kwargs: object) -> int:
+    """Tokens of an op on (..., N, C) rows: the pair track (B, N, N, C), the single track (B, N, C)."""
+    return x.shape[-2] if x.dim() >= 2 else 1
+
 
 register_op(
     "triangle_multiplication",
@@ -56,18 +76,21 @@ register_op(
         backends=(Backend("sdpa", sdpa.attention_with_pair_bias, _CPU_AND_CUDA, _FLOAT),),
     ),
 )
-register_op(
-    "transition",
-    OpSpec(
-        # Pair track (B, N, N, C) and single track (B, N, C) alike: the second-to-last axis is tokens.
-        tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
-        backends=(Backend("triton", triton_transition.transition, _CUDA, _HALF, triton_support.available),),
-    ),
-)
-register_op(
-    "layer_norm",
-    OpSpec(
-        tokens=lambda x, *args, **kwargs: x.shape[-2] if x.dim() >= 2 else 1,
-        backends=(Backend("triton", triton_layer_norm.layer_norm, _CUDA, _HALF, triton_support.available),),
-    ),
+
+
+def _register_triton_op(
+    name: str, kernel: Callable[..., torch.Tensor], dtypes: frozenset, tokens: Callable[..., int] = _second_to_last_axis
+) -> None:
+    """An op whose only backend besides the reference is one of foldmill's Triton kernels (CUDA)."""
+    register_op(name, OpSpec(tokens=tokens, backends=(Backend("triton", kernel, _CUDA, dtypes, triton_support.available),)))
+
+
+_register_triton_op("transition", triton_transition.transition, _HALF)
+_register_triton_op("layer_norm", triton_layer_norm.layer_norm, _HALF)
+# The score model's elementwise ops (foldmill.model.fast_score): rows of (B * samples, L, D).
+_register_triton_op("adaptive_layer_norm", triton_modulation.adaptive_layer_norm, _FLOAT)
+_register_triton_op("residual_adaptive_layer_norm", triton_modulation.residual_adaptive_layer_norm, _FLOAT)
+_register_triton_op("swiglu_product", triton_modulation.swiglu_product, _FLOAT)
+_register_triton_op(
+    "token_mean", triton_modulation.token_mean, _FLOAT, tokens=lambda x, starts, *args, **kwargs: starts.shape[-1] - 1
 )

@@ -87,6 +87,15 @@ DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
     # The Triton layer norm measured level with PyTorch's on the H200 (1.64 vs 1.59 ms at 1,024 tokens):
     # it runs only where a measured table puts it first.
     "layer_norm": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
+    # One kernel in place of a chain of 3-5 PyTorch kernels and their extra passes (fast_score).
+    "adaptive_layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
+    "residual_adaptive_layer_norm": {
+        "bfloat16": ["triton", REFERENCE],
+        "float16": ["triton", REFERENCE],
+        "float32": [REFERENCE],
+    },
+    "swiglu_product": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
+    "token_mean": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
 }
 
 

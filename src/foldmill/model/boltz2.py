@@ -200,7 +200,7 @@ class Boltz2(nn.Module):
             num_sampling_steps=recipe.sampling_steps,
             multiplicity=recipe.diffusion_samples,
             max_parallel_samples=recipe.max_parallel_samples,
-            generator=_generator(recipe.seed, trunk.s.device),
+            generator=sampling_generator(recipe.seed, trunk.s.device),
         )
 
     def forward(self, features: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Tensor]:
@@ -235,7 +235,8 @@ class Boltz2(nn.Module):
         return _merge_sample_chunks(chunks, batch, _num_chains(feats))
 
 
-def _generator(seed: int | None, device: torch.device) -> torch.Generator:
+def sampling_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """The diffusion sampler's random numbers: seeded, or from fresh entropy when seed is None."""
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()

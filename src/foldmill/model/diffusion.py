@@ -19,6 +19,7 @@ RNG in eval mode, so it reproduces them when its RNG is seeded as sampling start
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -138,10 +139,15 @@ class DiffusionModule(nn.Module):
 
 def random_rotations(count: int, generator: torch.Generator, device: torch.device) -> Tensor:
     """Uniform random rotation matrices (count, 3, 3) from normalised Gaussian quaternions."""
-    quaternion = torch.randn((count, 4), generator=generator, device=device)
-    norm = torch.sqrt((quaternion * quaternion).sum(1))
+    return rotations_from_quaternions(torch.randn((count, 4), generator=generator, device=device))
+
+
+def rotations_from_quaternions(quaternion: Tensor) -> Tensor:
+    """Rotation matrices (..., 3, 3) of quaternions (..., 4) (real part first), normalised here; q and -q
+    give the same rotation."""
+    norm = torch.sqrt((quaternion * quaternion).sum(-1))
     # Unit quaternion with a non-negative real part.
-    quaternion = quaternion / torch.where(quaternion[:, 0] < 0, -norm, norm)[:, None]
+    quaternion = quaternion / torch.where(quaternion[..., 0] < 0, -norm, norm)[..., None]
     r, i, j, k = torch.unbind(quaternion, -1)
     two_s = 2.0 / (quaternion * quaternion).sum(-1)
     matrix = torch.stack(
@@ -158,12 +164,65 @@ def random_rotations(count: int, generator: torch.Generator, device: torch.devic
         ),
         -1,
     )
-    return matrix.reshape(count, 3, 3)
+    return matrix.reshape(*quaternion.shape[:-1], 3, 3)
 
 
-def weighted_rigid_align(coords: Tensor, target: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
+def kabsch_rotation(covariance: Tensor) -> Tensor:
+    """The rotation R (..., 3, 3) maximising sum w t.(R x) for covariance = sum w t x^T, by SVD with the
+    reflection fix (Boltz-2's computation; on CUDA the SVD synchronises with the host)."""
+    u, _, v_h = torch.linalg.svd(covariance.float())
+    v = v_h.mH
+    rotation = torch.einsum("...ij,...kj->...ik", u, v)
+    # Reflections are not rigid motions: flip the least significant axis if det < 0.
+    reflection_fix = torch.eye(3, dtype=u.dtype, device=u.device).repeat(*covariance.shape[:-2], 1, 1)
+    reflection_fix[..., -1, -1] = torch.det(rotation)
+    return torch.einsum("...ij,...jk,...lk->...il", u, reflection_fix, v)
+
+
+# Squarings of the shifted 4x4 matrix in quaternion_rotation: its top eigenvector dominates once
+# (second / top eigenvalue)^(2^24) is negligible, i.e. for eigengaps above ~1e-6 of its scale; closer
+# eigenvalues mean nearly equally good rotations.
+QUATERNION_SQUARINGS = 24
+
+
+def quaternion_rotation(covariance: Tensor) -> Tensor:
+    """The same rotation as kabsch_rotation, from fixed-count device arithmetic (no host
+    synchronisation, so a CUDA graph can hold it): the optimal rotation's quaternion is the top
+    eigenvector of a symmetric 4x4 matrix of the covariance (Horn 1987), found here by repeated
+    squaring of that matrix shifted to be positive semi-definite, in float64."""
+    m = covariance.double().transpose(-1, -2)  # m[a, b] = sum w x_a t_b
+    xx, xy, xz = m[..., 0, 0], m[..., 0, 1], m[..., 0, 2]
+    yx, yy, yz = m[..., 1, 0], m[..., 1, 1], m[..., 1, 2]
+    zx, zy, zz = m[..., 2, 0], m[..., 2, 1], m[..., 2, 2]
+    rows = (
+        (xx + yy + zz, yz - zy, zx - xz, xy - yx),
+        (yz - zy, xx - yy - zz, xy + yx, zx + xz),
+        (zx - xz, xy + yx, yy - xx - zz, yz + zy),
+        (xy - yx, zx + xz, yz + zy, zz - xx - yy),
+    )
+    horn = torch.stack([torch.stack(row, -1) for row in rows], -2)
+    # Its eigenvalues lie within +-(sum of singular values) <= sqrt(3) * |covariance|_F.
+    shift = 3**0.5 * torch.linalg.matrix_norm(m) + 1e-300
+    power = horn + shift[..., None, None] * torch.eye(4, dtype=m.dtype, device=m.device)
+    for squaring in range(QUATERNION_SQUARINGS):
+        if squaring % 4 == 0:  # trace 1: eigenvalues in [0, 1], the top one >= 1/4: no over- or underflow
+            power = power / power.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None]
+        power = power @ power
+    column = power.diagonal(dim1=-2, dim2=-1).argmax(-1)  # ~ c v v^T: its largest column is along v
+    quaternion = torch.gather(power, -1, column[..., None, None].expand(*power.shape[:-1], 1)).squeeze(-1)
+    return rotations_from_quaternions(quaternion)
+
+
+def weighted_rigid_align(
+    coords: Tensor,
+    target: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    rotation_of: Callable[[Tensor], Tensor] = kabsch_rotation,
+) -> Tensor:
     """Rigidly move `coords` (B, N, 3) onto `target` (B, N, 3), minimising the weighted squared
-    distance over masked atoms (weighted Kabsch, AF3 Algorithm 28). Returns moved coords."""
+    distance over masked atoms (weighted Kabsch, AF3 Algorithm 28). Returns moved coords.
+    `rotation_of(covariance)` finds the rotation (kabsch_rotation or quaternion_rotation)."""
     weights = (mask * weights).unsqueeze(-1)
     total = weights.sum(dim=-2, keepdim=True)
     coords_centroid = (coords * weights).sum(dim=-2, keepdim=True) / total
@@ -172,13 +231,7 @@ def weighted_rigid_align(coords: Tensor, target: Tensor, weights: Tensor, mask: 
     target_centered = target - target_centroid
 
     covariance = torch.einsum("...ni,...nj->...ij", weights * target_centered, coords_centered)
-    u, _, v_h = torch.linalg.svd(covariance.float())
-    v = v_h.mH
-    rotation = torch.einsum("...ij,...kj->...ik", u, v)
-    # Reflections are not rigid motions: flip the least significant axis if det < 0.
-    reflection_fix = torch.eye(3, dtype=covariance.dtype, device=covariance.device).repeat(*coords.shape[:-2], 1, 1)
-    reflection_fix[..., -1, -1] = torch.det(rotation)
-    rotation = torch.einsum("...ij,...jk,...lk->...il", u, reflection_fix, v).to(coords.dtype)
+    rotation = rotation_of(covariance).to(coords.dtype)
     return torch.einsum("...ni,...ji->...nj", coords_centered, rotation) + target_centroid
 
 

@@ -18,10 +18,13 @@ stages in the same order, from the model's own modules; what it changes:
   The score model runs from a copy whose linear weights are stored in bf16 (no per-step weight
   casts), with its coordinate- and noise-facing layers (Fourier embedding of the noise level,
   r_to_q_trans, the final position projection) kept in fp32.
-- kernels: foldmill.kernels picks cuEquivariance / SDPA / reference per op and size.
+- kernels: foldmill.kernels picks cuEquivariance / SDPA / Triton / reference per op and size; and
+  sampling runs foldmill.model.fast_sampler's device-only steps over the restructured score model
+  (foldmill.model.fast_score: per-run and per-record work hoisted out of the steps, fused layers).
 - token padding to a multiple of `pad_tokens_to` (outputs cropped back).
-- CUDA graphs: the score-model call is captured per shape and replayed for every sampling step
-  (foldmill.kernels.cuda_graphs), up to `max_graph_tokens` tokens; the trunk's pairformer pass
+- CUDA graphs: the whole sampling step (kernels on) or the score-model call (kernels off) is
+  captured per shape and replayed for every step (foldmill.kernels.cuda_graphs), up to
+  `max_graph_tokens` tokens; the trunk's pairformer pass
   (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager.
 - memory: above `sequential_confidence_tokens` tokens the confidence module scores one sample at
   a time; the diffusion conditioning stays in the compute dtype (the token transformer's bias is
@@ -46,10 +49,12 @@ from foldmill import kernels
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.kernels.padding import crop_token_outputs, pad_token_features
 from foldmill.kernels.registry import compute_dtype
-from foldmill.model.boltz2 import Boltz2
+from foldmill.model.boltz2 import Boltz2, TrunkOutput, sampling_generator
 from foldmill.model.config import InferenceRecipe
 from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
+from foldmill.model.fast_sampler import FastSampler
+from foldmill.model.fast_score import FastScoreModel, ScorePlan
 from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
@@ -71,7 +76,7 @@ class FastPathOptions:
     kernels: bool = True  # foldmill.kernels selection (False: the PyTorch reference everywhere)
     pad_tokens_to: int = 8  # 1 disables padding
     cuda_graphs: bool = True
-    max_graph_tokens: int = 2048  # score-model graphs only up to this many (padded) tokens
+    max_graph_tokens: int = 2048  # sampling-step graphs only up to this many (padded) tokens
     # Trunk pairformer-pass graphs: below ~500 tokens a block (~100 kernels) is launch-bound (150 tokens:
     # 4.5 ms/block on the H200); at 1000 tokens a block takes 35 ms of GPU time, so a graph gains
     # little there while its memory pool (the pass's working set) stays reserved through diffusion.
@@ -240,11 +245,20 @@ class FastBoltz2:
         if self.options.score_dtype != torch.float32:
             score_model = low_precision_score_model(score_model, self.options.score_dtype)
         self.score_model = score_model
-        self.graphs = GraphedCall(
-            self._run_score_model,
-            per_call=(True, True, False, False, False, False),
-            capacity=self.options.graph_capacity,
-        )
+        # With kernels on, sampling runs foldmill.model.fast_sampler's device-only steps over the
+        # restructured score model (foldmill.model.fast_score), a whole step per graph replay; off,
+        # the reference sampler with the score-model call replayed from a graph.
+        self.fast_score = FastScoreModel(score_model) if self.options.kernels else None
+        self.sampler: FastSampler | None = None
+        if self.fast_score is not None:
+            self.sampler = FastSampler(self.network.structure_module, self.fast_score, self._run_fast_score)
+            self.graphs = GraphedCall(self.sampler.step, per_call=(True, True, False), capacity=self.options.graph_capacity)
+        else:
+            self.graphs = GraphedCall(
+                self._run_score_model,
+                per_call=(True, True, False, False, False, False),
+                capacity=self.options.graph_capacity,
+            )
         self.stage_seconds: dict[str, float] = {}
 
     def _autocast(
@@ -276,6 +290,10 @@ class FastBoltz2:
                 multiplicity=multiplicity,
             ).float()
 
+    def _run_fast_score(self, r_noisy: Tensor, times: Tensor, plan: ScorePlan) -> Tensor:
+        with self._autocast(r_noisy.device, self.options.score_dtype, cache=False):
+            return self.fast_score(r_noisy, times, plan)
+
     def _denoise(
         self,
         noisy: Tensor,
@@ -289,12 +307,7 @@ class FastBoltz2:
         diffusion = self.network.structure_module
         sigma_rows = torch.full((noisy.shape[0],), sigma, device=noisy.device)
         padded_sigma = sigma_rows[:, None, None]
-        graphed = (
-            self.options.cuda_graphs
-            and noisy.is_cuda
-            and feats["token_pad_mask"].shape[1] <= self.options.max_graph_tokens
-        )
-        score = self.graphs if graphed else self._run_score_model
+        score = self.graphs if self._graphed(feats) else self._run_score_model
         update = score(
             diffusion.c_in(padded_sigma) * noisy,
             diffusion.c_noise(sigma_rows),
@@ -304,6 +317,27 @@ class FastBoltz2:
             multiplicity,
         )
         return diffusion.c_skip(padded_sigma) * noisy + diffusion.c_out(padded_sigma) * update
+
+    def _graphed(self, feats: dict[str, Tensor]) -> bool:
+        """Whether sampling replays CUDA graphs for these (padded) features."""
+        token_mask = feats["token_pad_mask"]
+        return self.options.cuda_graphs and token_mask.is_cuda and token_mask.shape[1] <= self.options.max_graph_tokens
+
+    def sample(
+        self,
+        trunk: TrunkOutput,
+        feats: dict[str, Tensor],
+        conditioning: DiffusionConditioningOutput,
+        recipe: InferenceRecipe,
+    ) -> Tensor:
+        """The recipe's diffusion samples (B * samples, atoms, 3): Boltz2.sample_structure's, from the same
+        generator draws; the conditioning is the sampler's from here on (see foldmill.model.fast_score)."""
+        if self.sampler is None:
+            with self._fast_denoiser():
+                return self.network.sample_structure(trunk, feats, conditioning, recipe)
+        generator = sampling_generator(recipe.seed, trunk.s.device)
+        step = self.graphs if self._graphed(feats) else None
+        return self.sampler.sample(trunk.s.float(), trunk.s_inputs.float(), feats, conditioning, recipe, generator, step)
 
     @contextlib.contextmanager
     def _fast_denoiser(self) -> Iterator[None]:
@@ -338,8 +372,7 @@ class FastBoltz2:
                 # (B, T, T, token_z), unused from here on: free it before sampling
                 trunk.relative_position_encoding = None  # type: ignore[assignment]
                 clock.mark("conditioning")
-            with self._fast_denoiser():
-                out["sample_atom_coords"] = model.sample_structure(trunk, feats, conditioning, recipe)
+            out["sample_atom_coords"] = self.sample(trunk, feats, conditioning, recipe)
             clock.mark("diffusion")
             del conditioning
             confidence_recipe = recipe
