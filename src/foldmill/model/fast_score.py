@@ -78,6 +78,7 @@ class ConditioningTerms(nn.Module):
     W @ s_norm(s) = (W * w) @ LN(s): the norm weights are folded into the projections.
     """
 
+    @torch.no_grad()  # copies of inference weights: no autograd history
     def __init__(self, layers: list[DiffusionTransformerLayer]) -> None:
         super().__init__()
         adalns = [(layer.adaln, layer.transition.adaln) for layer in layers]
@@ -115,6 +116,7 @@ class FusedLayerWeights(nn.Module):
     """A stack's per-layer projections concatenated: q|k|v|g (q's bias, zeros elsewhere), o,
     swish_gate|a_to_b (x | gates | y, see modulation.swiglu_product) and b_to_a."""
 
+    @torch.no_grad()  # copies of inference weights: no autograd history
     def __init__(self, layers: list[DiffusionTransformerLayer]) -> None:
         super().__init__()
         attention = [layer.pair_bias_attn for layer in layers]
