@@ -52,12 +52,11 @@ def score_both_ways(model, feats, samples, seed=0):
         batch, atoms = feats["atom_pad_mask"].shape
         noisy = 10 * torch.randn(batch * samples, atoms, 3, generator=generator)
         times = torch.full((batch * samples,), 0.4)
-        embedded = score_model.single_conditioner.embed_trunk(
-            trunk.s.repeat_interleave(samples, 0), trunk.s_inputs.repeat_interleave(samples, 0)
-        )
+        per_record = score_model.single_conditioner.embed_trunk(trunk.s, trunk.s_inputs)
+        embedded = per_record.repeat_interleave(samples, 0)
         expected = score_model(noisy, times, embedded, feats, conditioning, multiplicity=samples)
         fast = FastScoreModel(score_model)
-        plan = fast.prepare(conditioning, feats, embedded, samples)
+        plan = fast.prepare(conditioning, feats, per_record, samples)
         return fast(noisy, times, plan), expected, plan
 
 
@@ -238,16 +237,15 @@ def test_bf16_restructured_score_model_on_the_gpu():
     samples = 3
     with torch.no_grad():
         conditioning = model.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
-        embedded = model.structure_module.score_model.single_conditioner.embed_trunk(
-            trunk.s.repeat_interleave(samples, 0), trunk.s_inputs.repeat_interleave(samples, 0)
-        )
+        per_record = model.structure_module.score_model.single_conditioner.embed_trunk(trunk.s, trunk.s_inputs)
+        embedded = per_record.repeat_interleave(samples, 0)
         noisy = torch.randn((samples, feats["atom_pad_mask"].shape[1], 3), generator=generator, device=device)
         times = torch.full((samples,), 0.2, device=device)
         with kernel_policy(enabled=False):
             expected = model.structure_module.score_model(noisy, times, embedded, feats, conditioning, samples)
         bf16_conditioning = type(conditioning)(**{k: v.bfloat16() for k, v in vars(conditioning).items()})
         module_out = module._run_score_model(noisy, times, embedded, feats, bf16_conditioning, samples)
-        plan = fast.fast_score.prepare(bf16_conditioning, feats, embedded, samples)
+        plan = fast.fast_score.prepare(bf16_conditioning, feats, per_record, samples)
         out = fast._run_fast_score(noisy, times, plan)
         graphs = GraphedCall(fast._run_fast_score, per_call=(True, True, False))
         graphed = graphs(noisy, times, plan).clone()

@@ -29,6 +29,7 @@ from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.kernels.padding import pad_token_features
 from foldmill.kernels.cuda_graphs import GraphedCall
+from foldmill.kernels.measure import relative_error as kernel_relative_error
 from foldmill.model import Boltz2, Boltz2Config, InferenceRecipe
 from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 from foldmill.runtime.timing import cuda_median_ms
@@ -52,7 +53,7 @@ def milliseconds(call: Callable[[], Any], repeats: int) -> float:
 
 
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return round(float((value.double() - reference.double()).norm() / reference.double().norm()), 6)
+    return round(kernel_relative_error(value, reference), 6)
 
 
 def _trunk_like(model: Boltz2, feats: dict[str, torch.Tensor], generator: torch.Generator) -> Any:
@@ -83,16 +84,15 @@ def measure_input(runners: dict[str, FastBoltz2], feats: dict, args: argparse.Na
     network = fast.network
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
         conditioning = network.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, feats)
-        embedded = fast.score_model.single_conditioner.embed_trunk(
-            trunk.s.repeat_interleave(samples, 0), trunk.s_inputs.repeat_interleave(samples, 0)
-        )
+        per_record = fast.score_model.single_conditioner.embed_trunk(trunk.s, trunk.s_inputs)
+        embedded = per_record.repeat_interleave(samples, 0)  # the module's input: one row per sample
     del trunk.z, trunk.relative_position_encoding
     atoms = feats["atom_pad_mask"].shape[1]
     noisy = 0.5 * torch.randn((samples, atoms, 3), generator=generator, device=device)
     times = torch.full((samples,), 0.3, device=device)
     score_graphs = GraphedCall(fast._run_fast_score, per_call=(True, True, False))
     with torch.no_grad():
-        plan = fast.fast_score.prepare(conditioning, feats, embedded, samples)  # masks the token bias in place
+        plan = fast.fast_score.prepare(conditioning, feats, per_record, samples)  # masks the token bias in place
         fast_out = fast._run_fast_score(noisy, times, plan).clone()
         reference_out = module._run_score_model(noisy, times, embedded, feats, conditioning, samples).clone()
         fp32_conditioning = type(conditioning)(**{k: v.float() for k, v in vars(conditioning).items()})
@@ -131,15 +131,7 @@ def _sampling_step(fast: FastBoltz2, trunk: Any, feats: dict, conditioning: Any,
         fast.sample(trunk, feats, conditioning, InferenceRecipe(0, steps, samples, samples, seed=0))
 
     sample(3)  # capture
-    seconds = {}
-    for steps in (5, 25):
-        torch.cuda.synchronize()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        sample(steps)
-        stop.record()
-        stop.synchronize()
-        seconds[steps] = start.elapsed_time(stop)
+    seconds = {steps: cuda_median_ms(lambda steps=steps: sample(steps), repeats=1, warmup=0) for steps in (5, 25)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")

@@ -106,13 +106,12 @@ class FastSampler:
         atom_mask = atom_mask.repeat_interleave(recipe.diffusion_samples, 0)
         shape = (*atom_mask.shape, 3)
         chunks = sample_chunks(batch, recipe.diffusion_samples, recipe.max_parallel_samples, device)
+        # The score model's noise-independent token conditioning: once per record (samples share it).
+        embedded = diffusion.score_model.single_conditioner.embed_trunk(s_trunk, s_inputs)
         plans_by_size: dict[int, ScorePlan] = {}
         for chunk in chunks:
             size = chunk.numel() // batch
             if size not in plans_by_size:
-                embedded = diffusion.score_model.single_conditioner.embed_trunk(
-                    s_trunk.repeat_interleave(size, 0), s_inputs.repeat_interleave(size, 0)
-                )
                 plans_by_size[size] = self.fast_score.prepare(conditioning, feats, embedded, size)
 
         sigmas = diffusion.noise_schedule(recipe.sampling_steps, device)

@@ -190,8 +190,8 @@ class FastScoreModel(nn.Module):
     def prepare(
         self, conditioning: DiffusionConditioningOutput, feats: dict[str, Tensor], embedded_trunk: Tensor, samples: int
     ) -> ScorePlan:
-        """The plan for `samples` samples per record; embedded_trunk (B*M, T, C) as the sampler makes it."""
-        batch = feats["token_pad_mask"].shape[0]
+        """The plan for `samples` samples per record; embedded_trunk: SingleConditioning.embed_trunk of
+        the trunk's s and s_inputs, (B, T, 2*token_s)."""
         atom_mask = feats["atom_pad_mask"].bool()
         encoder_terms, encoder_gates = self.encoder_terms(conditioning.c.float())
         decoder_terms, decoder_gates = self.decoder_terms(conditioning.c.float())
@@ -200,7 +200,7 @@ class FastScoreModel(nn.Module):
         starts, inverse_counts, max_atoms = _token_segments(atom_to_token, index, has_token)
         return ScorePlan(
             samples=samples,
-            embedded_trunk=embedded_trunk.view(batch, samples, *embedded_trunk.shape[1:])[:, 0].contiguous(),
+            embedded_trunk=embedded_trunk,
             q=conditioning.q.float(),
             encoder_terms=encoder_terms,
             encoder_gates=encoder_gates,
