@@ -259,3 +259,28 @@ def test_bf16_restructured_score_model_on_the_gpu():
 if __name__ == "__main__":
     cases_path, outputs_path = Path(sys.argv[1]), Path(sys.argv[2])
     torch.save(run_kernels(torch.load(cases_path, weights_only=True), "cpu"), outputs_path)
+
+
+def test_fused_projections_take_over_an_owned_copys_weights(model, dimer):
+    """With owns_weights the layers' q/k/v/g and swish/a_to_b weights become views of the fused
+    tensors (one copy on the device), and the result is unchanged."""
+    import copy
+
+    fast_reference, _, _ = score_both_ways(model, dimer, samples=2)
+    owned = copy.deepcopy(model.structure_module.score_model)
+    fast = FastScoreModel(owned, owns_weights=True)
+    layer = owned.token_transformer.layers[1]
+    fused = fast.token_weights
+    assert layer.pair_bias_attn.proj_k.weight.data_ptr() == fused.qkvg[1, layer.pair_bias_attn.proj_q.weight.shape[0] :].data_ptr()
+    assert layer.transition.a_to_b.weight.untyped_storage().data_ptr() == fused.swiglu.untyped_storage().data_ptr()
+    originals = model.structure_module.score_model.token_transformer.layers[1]
+    torch.testing.assert_close(layer.pair_bias_attn.proj_k.weight, originals.pair_bias_attn.proj_k.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        trunk = model.trunk(dimer, recycling_steps=0)
+        conditioning = model.diffusion_conditioning(trunk.s, trunk.z, trunk.relative_position_encoding, dimer)
+        per_record = owned.single_conditioner.embed_trunk(trunk.s, trunk.s_inputs)
+        generator = torch.Generator().manual_seed(0)
+        batch, atoms = dimer["atom_pad_mask"].shape
+        noisy = 10 * torch.randn(batch * 2, atoms, 3, generator=generator)
+        out = fast(noisy, torch.full((batch * 2,), 0.4), fast.prepare(conditioning, dimer, per_record, 2))
+    torch.testing.assert_close(out, fast_reference, rtol=0, atol=0)

@@ -185,3 +185,15 @@ def test_atom_pair_features_equal_whichever_side_is_transformed():
     torch.testing.assert_close(gathered_first, transformed_first, rtol=1e-6, atol=1e-6)
     assert gathered_first[0, -1, tokens - 192 :].abs().sum() == 0  # padding query atoms 200..223: zero
     assert gathered_first[0, -1, : tokens - 192].abs().sum() > 0
+
+
+def test_low_precision_runner_holds_one_score_model_and_leaves_the_callers_alone(model):
+    """The bf16 network holds the runner's bf16 score model (not the caller's fp32 one), and the
+    caller's weights keep their own storage."""
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    fast = FastBoltz2(model, FastPathOptions(precision="bf16"), device="cpu")
+    assert fast.network.structure_module.score_model is fast.score_model
+    assert fast.score_model is not model.structure_module.score_model
+    assert fast.network.pairformer_module.stack.layers[0].tri_att_start.linear.weight.dtype == torch.bfloat16
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
+    assert all(p.dtype == torch.float32 for p in model.parameters())

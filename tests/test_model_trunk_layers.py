@@ -195,8 +195,8 @@ def test_distogram_and_bfactor_heads():
     assert_matches(ours_bf(s), oss_bf(s))
 
 
-def test_triangle_attention_projects_all_rows_at_once_below_about_1400_tokens():
-    """One projection for the whole pair at usual sizes (blocks of rows only where memory needs them)."""
-    assert triangle_attention.projection_block_rows(1, 1000, 512, 2) >= 1000
-    assert triangle_attention.projection_block_rows(1, 1400, 512, 2) >= 1400
-    assert triangle_attention.projection_block_rows(1, 6000, 512, 2) == 349
+def test_triangle_attention_projects_all_rows_at_once_below_about_700_tokens():
+    """One projection for the whole pair at small sizes; above, blocks of rows within 512 MiB."""
+    assert triangle_attention.projection_block_rows(1, 700, 512, 2) >= 700
+    assert triangle_attention.projection_block_rows(1, 1000, 512, 2) == 524
+    assert triangle_attention.projection_block_rows(1, 6000, 512, 2) == 87

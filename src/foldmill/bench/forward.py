@@ -13,10 +13,12 @@ Contenders:
   foldmill-bf16z  foldmill with the trunk's s/z residual stream stored in bf16 (default: fp32)
   foldmill-eager, foldmill-nokernels   ablations: no CUDA graphs / reference ops only
 
-Peak memory = the call's peak allocation above what was allocated before it, plus the
-contender's own weights (both models stay resident, so absolute peaks would count both).
-Stage seconds come from CUDA events at module boundaries (embedding, templates, msa,
-pairformer, conditioning, diffusion, confidence).
+Peak memory = the timed call's peak allocation minus what other contenders hold: everything the
+contender holds on the GPU counts (its weights, CUDA-graph pools, caches made by the warm-up),
+where its fp32 master weights stay counts too (foldmill's model stays in host memory, its runner
+holds the bf16 copies; OSS holds fp32 weights on the GPU). Per stage, the peak within it likewise
+(`stage_peak_gib`). Stage seconds come from CUDA events at module boundaries (embedding,
+templates, msa, pairformer, conditioning, diffusion, confidence).
 Accuracy: foldmill bf16 vs foldmill fp32 (kernels off) on one input with the same seed:
 per-sample coordinate RMSD after rigid alignment (<= 0.5 A) and pLDDT (complex and per token,
 <= 0.02); also the bf16 residual stream, fp32 trunk + bf16 score model (which separates the two
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import platform
@@ -87,9 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-parallel", type=int, default=5)
     parser.add_argument(
         "--warmup",
-        choices=("full", "short"),
+        choices=("full", "short", "none"),
         default="full",
-        help="warm-up call: the measured recipe, or 0 recycles and 2 steps (same shapes)",
+        help="warm-up call: the measured recipe, 0 recycles and 2 steps (same shapes), or none (the timed call "
+        "then includes autotuning and graph capture: for a single large input that must only complete)",
     )
     parser.add_argument("--accuracy", default="first", help="input for the bf16-vs-fp32 check: first, NAME or none")
     parser.add_argument("--config", choices=("released", "small"), default="released", help="model architecture")
@@ -115,6 +119,14 @@ class StageTimer:
         self.sampler = sampler if sampler is not None else model.structure_module
         self.events: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
         self.cuda = next(model.parameters()).is_cuda
+        self.peak_bytes: dict[str, int] = {}  # stage (or "between" stages) -> its peak allocation
+
+    def _peak_so_far(self, stage: str) -> None:
+        """Book the allocator's peak since the last boundary to `stage`, and start a new one. The
+        allocator decides on the host, when work is queued, so no synchronisation is needed."""
+        if self.cuda:
+            self.peak_bytes[stage] = max(self.peak_bytes.get(stage, 0), torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
 
     def _now(self) -> Any:
         if not self.cuda:
@@ -133,9 +145,11 @@ class StageTimer:
             module = getattr(module, "_orig_mod", module)  # OSS runs compiled trunk modules' originals
 
             def pre(_module: nn.Module, _args: Any, stage: str = stage) -> None:
+                self._peak_so_far("between")
                 started[stage] = self._now()
 
             def post(_module: nn.Module, _args: Any, _out: Any, stage: str = stage) -> None:
+                self._peak_so_far(stage)
                 self.events[stage].append((started.pop(stage), self._now()))
 
             handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
@@ -143,8 +157,10 @@ class StageTimer:
         sample = sampler.sample
 
         def timed_sample(*args: Any, **kwargs: Any) -> Any:
+            self._peak_so_far("between")
             start = self._now()
             out = sample(*args, **kwargs)
+            self._peak_so_far("diffusion")
             self.events["diffusion"].append((start, self._now()))
             return out
 
@@ -152,6 +168,7 @@ class StageTimer:
         try:
             yield self
         finally:
+            self._peak_so_far("between")
             del sampler.sample
             for handle in handles:
                 handle.remove()
@@ -168,24 +185,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def parameter_bytes(*modules: nn.Module) -> int:
+def device_bytes(module: nn.Module, device: torch.device) -> int:
+    """Bytes of `module`'s parameters and buffers on `device` (shared tensors counted once)."""
     seen, total = set(), 0
-    for module in modules:
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                total += tensor.numel() * tensor.element_size()
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if tensor.device == device and tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
     return total
 
 
-def measure(call: Callable[[bool], Any], timer: StageTimer, device: torch.device, own_bytes: int) -> dict[str, Any]:
-    """Warm-up call(True), then one timed call(False): seconds, peak GiB, stage seconds, and whether
-    the coordinates and pLDDT came out finite (a fast kernel's non-finite output must not pass as fast)."""
-    call(True)
-    _sync(device)
+def others_bytes(device: torch.device, own_bytes: int = 0) -> int:
+    """What is allocated on `device` now, less `own_bytes`: the baseline a contender's peak is taken over."""
+    if device.type != "cuda":
+        return 0
+    gc.collect()  # a previous contender's runner (reference cycles) must not count against this one
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(device) - own_bytes
+
+
+def measure(
+    call: Callable[[bool], Any], timer: StageTimer, device: torch.device, baseline: int, warm_up: bool = True
+) -> dict[str, Any]:
+    """Warm-up call(True) (if `warm_up`), then one timed call(False): seconds, peak GiB
+    above `baseline` (overall and per stage), stage seconds, and whether the coordinates and pLDDT came
+    out finite (a fast kernel's non-finite output must not pass as fast)."""
+    if warm_up:
+        call(True)
+        _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
     start = time.perf_counter()
     with timer.recording():
         out = call(False)
@@ -194,7 +223,9 @@ def measure(call: Callable[[bool], Any], timer: StageTimer, device: torch.device
     row: dict[str, Any] = {"seconds": round(seconds, 3), "stages": timer.seconds()}
     row["finite"] = all(bool(torch.isfinite(out[name].float()).all()) for name in ("sample_atom_coords", "plddt"))
     if device.type == "cuda":
-        row["peak_gib"] = round((torch.cuda.max_memory_allocated(device) - before + own_bytes) / 2**30, 2)
+        stage_peaks = {stage: (peak - baseline) / 2**30 for stage, peak in timer.peak_bytes.items()}
+        row["peak_gib"] = round(max(stage_peaks.values()), 2)
+        row["stage_peak_gib"] = {stage: round(peak, 2) for stage, peak in stage_peaks.items()}
     return row
 
 
@@ -236,7 +267,8 @@ def accuracy_check(
     model: Boltz2, feats: dict[str, Tensor], recipe: InferenceRecipe, oss: Any = None
 ) -> dict[str, Any]:
     """foldmill's bf16 variants against fp32, same seed; with `oss`, OSS bf16 against OSS fp32 too."""
-    reference = FastBoltz2(model, FastPathOptions(precision="fp32", kernels=False)).predict(feats, recipe)
+    device = feats["token_pad_mask"].device
+    reference = FastBoltz2(model, FastPathOptions(precision="fp32", kernels=False), device).predict(feats, recipe)
     atom_mask = feats["atom_pad_mask"][0]
     result: dict[str, Any] = {
         "reference_radius_of_gyration": [
@@ -250,7 +282,7 @@ def accuracy_check(
         "fp32_trunk_bf16_score": FastPathOptions(precision="fp32", score_precision="bf16"),
     }
     for name, options in variants.items():
-        result[name] = drift(FastBoltz2(model, options).predict(feats, recipe), reference, atom_mask)
+        result[name] = drift(FastBoltz2(model, options, device).predict(feats, recipe), reference, atom_mask)
     if oss is not None:
         from foldmill.bench._oss_reference import oss_predict
 
@@ -358,9 +390,9 @@ class _Models:
         return self.oss
 
     def foldmill_model(self, with_oss_weights: bool) -> Boltz2:
+        """foldmill's fp32 model, in host memory: FastBoltz2 copies what it runs to the device."""
         if self.ours is None:
-            with torch.device(self.device):
-                ours = Boltz2(self.config)
+            ours = Boltz2(self.config)
             if with_oss_weights:
                 # OSS's compiled modules hold their originals as `_orig_mod`: the same parameters.
                 weights = {k.replace("_orig_mod.", ""): v for k, v in self.oss_model().state_dict().items()}
@@ -395,7 +427,9 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     config = Boltz2Config() if args.config == "released" else Boltz2Config.small()
     recipe = InferenceRecipe(args.recycles, args.steps, args.samples, args.max_parallel, seed=args.seed)
-    warm_recipe = recipe if args.warmup == "full" else dataclasses.replace(recipe, recycling_steps=0, sampling_steps=2)
+    warm_recipe = None if args.warmup == "none" else recipe
+    if args.warmup == "short":
+        warm_recipe = dataclasses.replace(recipe, recycling_steps=0, sampling_steps=2)
     models = _Models(config, device, args.seed)
     uses_oss = any(c.startswith("oss") for c in contenders)
     on_cuda = device.type == "cuda"
@@ -472,7 +506,7 @@ def _measure_contender(
     models: _Models,
     feats: dict[str, Tensor],
     recipe: InferenceRecipe,
-    warm_recipe: InferenceRecipe,
+    warm_recipe: InferenceRecipe | None,
     uses_oss: bool,
     on_cuda: bool,
 ) -> dict[str, Any]:
@@ -485,7 +519,7 @@ def _measure_contender(
             models.compiled = True
 
         def call(warm: bool) -> Any:
-            r = warm_recipe if warm else recipe
+            r = warm_recipe if warm and warm_recipe else recipe
             return oss_predict(
                 oss,
                 feats,
@@ -497,20 +531,22 @@ def _measure_contender(
                 autocast=on_cuda,
             )
 
-        return measure(call, StageTimer(oss), models.device, parameter_bytes(oss))
+        baseline = others_bytes(models.device, device_bytes(oss, models.device))
+        return measure(call, StageTimer(oss), models.device, baseline, warm_up=warm_recipe is not None)
 
     ours = models.foldmill_model(with_oss_weights=uses_oss)
     options = FastPathOptions(**FOLDMILL_OPTIONS[contender], **({} if on_cuda else {"precision": "fp32"}))
-    fast = FastBoltz2(ours, options)
+    baseline = others_bytes(models.device)
+    fast = FastBoltz2(ours, options, device=models.device)
     kernels.reset_counts()
 
     def call(warm: bool) -> Any:
         if not warm:
             kernels.reset_counts()
-        return fast.predict(feats, warm_recipe if warm else recipe)
+        return fast.predict(feats, warm_recipe if warm and warm_recipe else recipe)
 
-    own_bytes = parameter_bytes(ours, fast.score_model, fast.network)  # shared tensors counted once
-    row = measure(call, StageTimer(fast.network, sampler=fast), models.device, own_bytes)
+    timer = StageTimer(fast.network, sampler=fast)
+    row = measure(call, timer, models.device, baseline, warm_up=warm_recipe is not None)
     row["kernel_calls"] = kernels.chosen_counts()
     row["graphs"] = {
         "captures": fast.graphs.captures,

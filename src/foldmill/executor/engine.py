@@ -114,8 +114,13 @@ class Engine:
         """`run`: the run's provenance when the caller has it (hashing a 2 GB checkpoint again costs seconds)."""
         self.device = torch.device(settings.device)
         self.recipe = settings.recipe
-        self.model = load_model(settings).to(self.device).eval()
-        self.runner = FastBoltz2(self.model) if self.device.type == "cuda" and settings.fast_path else self.model
+        self.model = load_model(settings).eval()
+        self.runner: FastBoltz2 | torch.nn.Module
+        if self.device.type == "cuda" and settings.fast_path:
+            # The fp32 weights stay in host memory; the GPU holds only the runner's bf16 copies.
+            self.runner = FastBoltz2(self.model, device=self.device)
+        else:
+            self.runner = self.model.to(self.device)
         self.stage_seconds: dict[str, float] = {}  # of the latest target: trunk, diffusion, ... (fast path)
         self.provenance = {
             **self.model.provenance,

@@ -118,9 +118,11 @@ def measure(sizes: tuple[int, ...] = SIZES, repeats: int = 10, log: Callable[[st
                     try:
                         if kernels.select(op, torch.empty(0, device=device, dtype=torch.bfloat16), n) != backend:
                             continue  # not available here
+                        # Timed under autocast too: the layer norm picks its backend by the compute dtype
+                        # (outside autocast an fp32 input selects the reference, whatever is forced).
                         with torch.autocast("cuda", dtype=torch.bfloat16):
                             out = run_bf16()
-                        milliseconds = cuda_median_ms(run_bf16, repeats, warmup=2)
+                            milliseconds = cuda_median_ms(run_bf16, repeats, warmup=2)
                     except torch.OutOfMemoryError:
                         torch.cuda.empty_cache()
                         log(f"{op} {backend} N={n}: out of memory")

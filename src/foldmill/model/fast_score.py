@@ -117,23 +117,37 @@ class FusedLayerWeights(nn.Module):
     swish_gate|a_to_b (x | gates | y, see modulation.swiglu_product) and b_to_a."""
 
     @torch.no_grad()  # copies of inference weights: no autograd history
-    def __init__(self, layers: list[DiffusionTransformerLayer]) -> None:
+    def __init__(self, layers: list[DiffusionTransformerLayer], take_storage: bool = False) -> None:
+        """take_storage: the layers' own q/k/v/g and swish/a_to_b weights become views of the fused
+        tensors (the same values, no second copy on the device); only for layers the caller owns."""
         super().__init__()
         attention = [layer.pair_bias_attn for layer in layers]
         self.heads = attention[0].num_heads
-        projections = [torch.cat([a.proj_q.weight, a.proj_k.weight, a.proj_v.weight, a.proj_g.weight]) for a in attention]
-        self.register_buffer("qkvg", torch.stack(projections), persistent=False)
+        projections = [[a.proj_q, a.proj_k, a.proj_v, a.proj_g] for a in attention]
+        self.register_buffer("qkvg", _stacked(projections, take_storage), persistent=False)
         q_bias = [a.proj_q.bias for a in attention]
         self.register_buffer(
             "qkvg_bias", torch.stack([torch.cat([b, torch.zeros_like(b).repeat(3)]) for b in q_bias]), persistent=False
         )
         self.o = [a.proj_o.weight for a in attention]
         transitions = [layer.transition for layer in layers]
-        self.register_buffer(
-            "swiglu", torch.stack([torch.cat([t.swish_gate[0].weight, t.a_to_b.weight]) for t in transitions]),
-            persistent=False,
-        )
+        swiglu = [[t.swish_gate[0], t.a_to_b] for t in transitions]
+        self.register_buffer("swiglu", _stacked(swiglu, take_storage), persistent=False)
         self.b_to_a = [t.b_to_a.weight for t in transitions]
+
+
+def _stacked(linears_per_layer: list[list[nn.Linear]], take_storage: bool) -> Tensor:
+    """(layers, sum of out features, in features): each layer's weights concatenated, layers stacked;
+    with take_storage the linears' weights are then views of it."""
+    stacked = torch.stack([torch.cat([linear.weight for linear in linears]) for linears in linears_per_layer])
+    if take_storage:
+        for layer, linears in zip(stacked, linears_per_layer):
+            start = 0
+            for linear in linears:
+                rows = linear.weight.shape[0]
+                linear.weight = nn.Parameter(layer[start : start + rows], requires_grad=False)
+                start += rows
+    return stacked
 
 
 def _attention_gate(qkvg: Tensor, attended: Tensor) -> Tensor:
@@ -163,7 +177,9 @@ def _shared_bias_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, sample
 class FastScoreModel(nn.Module):
     """DiffusionModule.forward over a ScorePlan (see the module docstring)."""
 
-    def __init__(self, score_model: DiffusionModule) -> None:
+    def __init__(self, score_model: DiffusionModule, owns_weights: bool = False) -> None:
+        """owns_weights: `score_model` is this model's alone (a private copy), so its fused projections
+        may take over its weights' storage (see FusedLayerWeights)."""
         super().__init__()
         self.score_model = score_model
         encoder = score_model.atom_attention_encoder.atom_encoder
@@ -175,9 +191,9 @@ class FastScoreModel(nn.Module):
         self.token_terms = ConditioningTerms(self.token_layers)
         self.encoder_terms = ConditioningTerms(encoder_layers)
         self.decoder_terms = ConditioningTerms(decoder_layers)
-        self.token_weights = FusedLayerWeights(self.token_layers)
-        self.encoder_weights = FusedLayerWeights(encoder_layers)
-        self.decoder_weights = FusedLayerWeights(decoder_layers)
+        self.token_weights = FusedLayerWeights(self.token_layers, owns_weights)
+        self.encoder_weights = FusedLayerWeights(encoder_layers, owns_weights)
+        self.decoder_weights = FusedLayerWeights(decoder_layers, owns_weights)
         self.eps = self.token_layers[0].adaln.a_norm.eps  # every AdaLN's: LayerNorm's default
 
     @property

@@ -59,9 +59,11 @@ from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
-# Score-model layers that see coordinates or the noise level directly: kept in fp32.
+# Score-model layers kept in fp32: those that see coordinates or the noise level directly, and the
+# once-per-run trunk embedding (the samplers call it outside autocast, on the fp32 trunk s).
 FP32_SCORE_LAYERS = (
     "single_conditioner.fourier_embed",
+    "single_conditioner.single_embed",
     "atom_attention_encoder.r_to_q_trans",
     "atom_attention_decoder.atom_feat_to_atom_pos_update",
 )
@@ -158,15 +160,17 @@ class ComputeDtypeLayerNorm(nn.LayerNorm):
         return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, x, weight, bias, self.eps)
 
 
-def low_precision_network(model: Boltz2, dtype: torch.dtype) -> Boltz2:
+def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: DiffusionModule | None = None) -> Boltz2:
     """A copy of `model` for the bf16 stages: linear weights in `dtype`, LayerNorms ComputeDtypeLayerNorm.
 
-    The diffusion score model is shared, not copied (the runner has its own, see
-    low_precision_score_model); triangle multiplications keep fp32 weights (cuEquivariance reads
-    them itself under autocast, as in OSS Boltz-2). Parameter names are unchanged.
+    The diffusion score model is not copied: the copy holds `score_model` in its place (the runner's
+    own, see low_precision_score_model; default: the model's, shared); triangle multiplications
+    keep fp32 weights (cuEquivariance reads them itself under autocast, as in OSS Boltz-2).
+    Parameter names are unchanged.
     """
-    score_model = model.structure_module.score_model
-    clone = copy.deepcopy(model, memo={id(score_model): score_model})
+    original = model.structure_module.score_model
+    score_model = score_model or original
+    clone = copy.deepcopy(model, memo={id(original): score_model})
     shared = {id(module) for module in score_model.modules()}
     fp32_weights = {
         id(module)
@@ -231,24 +235,44 @@ class _StageClock:
 class FastBoltz2:
     """Fast inference with a Boltz2's weights (see the module docstring)."""
 
-    def __init__(self, model: Boltz2, options: FastPathOptions | None = None) -> None:
+    def __init__(
+        self, model: Boltz2, options: FastPathOptions | None = None, device: torch.device | str | None = None
+    ) -> None:
+        """`device`: where the runner runs (default: the model's). A model elsewhere (on the CPU, say)
+        stays there and untouched: only the runner's copies of its weights go to `device`, so an
+        fp32 master copy costs no device memory."""
         self.model = model.eval()
         self.options = options or FastPathOptions()
-        # The network the stages run from: the model itself in fp32, else its low-precision copy.
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        moved = self.device != next(model.parameters()).device
+        # The score model: a low-precision copy, or in fp32 the model's own (copied when it moves).
+        score_model = model.structure_module.score_model
+        if self.options.score_dtype != torch.float32:
+            score_model = low_precision_score_model(score_model, self.options.score_dtype)
+        elif moved:
+            score_model = copy.deepcopy(score_model)
+        self.score_model = score_model.to(self.device)
+        # The network the stages run from: the model itself in fp32, else its low-precision copy
+        # holding the runner's score model (never a second copy of its weights).
         dtype = self.options.dtype
-        self.network = model if dtype == torch.float32 else low_precision_network(model, dtype)
+        if dtype != torch.float32:
+            self.network = low_precision_network(model, dtype, self.score_model).to(self.device)
+        elif moved:
+            self.network = copy.deepcopy(model, memo={id(model.structure_module.score_model): self.score_model})
+            self.network.to(self.device)
+        else:
+            self.network = model
         if self.options.cuda_graphs and self.network is not model:  # never modify the caller's model
             self.network.pairformer_module = GraphedPairformer(
                 self.network.pairformer_module, self.options.max_trunk_graph_tokens, self.options.graph_capacity
             )
-        score_model = model.structure_module.score_model
-        if self.options.score_dtype != torch.float32:
-            score_model = low_precision_score_model(score_model, self.options.score_dtype)
-        self.score_model = score_model
         # With kernels on, sampling runs foldmill.model.fast_sampler's device-only steps over the
         # restructured score model (foldmill.model.fast_score), a whole step per graph replay; off,
-        # the reference sampler with the score-model call replayed from a graph.
-        self.fast_score = FastScoreModel(score_model) if self.options.kernels else None
+        # the reference sampler with the score-model call replayed from a graph. The restructured
+        # model's fused projections take over the weights' storage when the score model is the
+        # runner's own copy.
+        owns_score_model = self.score_model is not model.structure_module.score_model
+        self.fast_score = FastScoreModel(self.score_model, owns_score_model) if self.options.kernels else None
         self.sampler: FastSampler | None = None
         if self.fast_score is not None:
             self.sampler = FastSampler(self.network.structure_module, self.fast_score, self._run_fast_score)

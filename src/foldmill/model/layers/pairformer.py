@@ -63,13 +63,15 @@ class PairformerNoSeqLayer(nn.Module):
 
     def update_pair(self, z: Tensor, pair_mask: Tensor, chunk_size_tri_attn: int | None = None) -> Tensor:
         z = z + self.tri_mul_out(z, pair_mask)
-        z = z + self.tri_mul_in(z, pair_mask)
-        z = z + self.tri_att_start(z, pair_mask, chunk_size_tri_attn)
-        z = z + self.tri_att_end(z, pair_mask, chunk_size_tri_attn)
+        # In place from here: z is this block's own tensor (never two pair tensors alive at an add).
+        z += self.tri_mul_in(z, pair_mask)
+        z += self.tri_att_start(z, pair_mask, chunk_size_tri_attn)
+        z += self.tri_att_end(z, pair_mask, chunk_size_tri_attn)
         rows = pair_transition_rows(z.shape[1], z.shape[-1])
         if rows is None:
-            return z + self.transition_z(z)
-        for start in range(0, z.shape[1], rows):  # in place: z is this block's own tensor here
+            z += self.transition_z(z)
+            return z
+        for start in range(0, z.shape[1], rows):
             z[:, start : start + rows] += self.transition_z(z[:, start : start + rows])
         return z
 

@@ -26,7 +26,9 @@ from foldmill.model.token_rows import by_token_rows
 MASK_LOGIT = 1e9
 
 # Largest (q | k | v | g) projection made at once; beyond it, blocks of rows (see TriangleAttention).
-PROJECTION_BLOCK_BYTES = 2 << 30
+# A block's temporaries (projection, attention output, gate, output projection) are ~1.8x this: the
+# trunk's largest at 1,000 tokens unblocked (1.8 GiB), ~0.9 GiB at this size.
+PROJECTION_BLOCK_BYTES = 512 << 20
 
 
 def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -43,7 +45,7 @@ def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask:
 
 def projection_block_rows(batch: int, tokens: int, width: int, element_size: int) -> int:
     """Rows i of the (B, N, N, width) projection made at once within PROJECTION_BLOCK_BYTES (at least one):
-    all rows up to ~1,400 tokens in bf16, 349 rows at 6,000 tokens."""
+    all rows up to ~700 tokens in bf16, 87 rows at 6,000 tokens."""
     return max(1, PROJECTION_BLOCK_BYTES // (batch * tokens * width * element_size))
 
 
