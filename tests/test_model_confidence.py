@@ -33,16 +33,21 @@ RELEASED_FLAGS = {  # the options the released Boltz-2 confidence module is buil
 MINIMAL_FLAGS = {"confidence_args": {"use_separate_heads": False}}
 
 
-def _modules(flags: dict, seed: int):
-    args = {
+def _module_args(flags: dict) -> dict:
+    return {
         "pairformer_args": {"num_blocks": 2, "num_heads": 4, "dropout": 0.0, "activation_checkpointing": False},
         "num_dist_bins": 64,
         "max_dist": 22,
         "return_latent_feats": True,
         **flags,
     }
+
+
+def _modules(flags: dict, seed: int):
+    args = _module_args(flags)
     oss = randomize_(oss_confidence.ConfidenceModule(TOKEN_S, TOKEN_Z, **args), seed)
-    return oss, load_into(ConfidenceModule(TOKEN_S, TOKEN_Z, **args), oss)
+    # OSS returns the (N, N, 64) PAE/PDE logits; foldmill drops them unless asked (they are compared here)
+    return oss, load_into(ConfidenceModule(TOKEN_S, TOKEN_Z, **args, return_pair_logits=True), oss)
 
 
 def _trunk_outputs(tokens: int, seed: int):
@@ -154,3 +159,18 @@ def test_batched_records_match_single_records():
         assert_matches(batched[name], torch.cat([out[name] for out in single]), where=name)
     for chain in single[0]["chains_ptm"]:
         assert_matches(batched["chains_ptm"][chain], torch.cat([out["chains_ptm"][chain] for out in single]))
+
+
+@torch.no_grad()
+def test_pair_logits_are_dropped_unless_asked():
+    """By default the (N, N, 64) PAE/PDE logits are read by the metrics and dropped; PAE/PDE stay."""
+    oss, kept = _modules(RELEASED_FLAGS, seed=30)
+    dropped = ConfidenceModule(TOKEN_S, TOKEN_Z, **{**_module_args(RELEASED_FLAGS), "return_pair_logits": False})
+    dropped.load_state_dict(kept.state_dict())
+    feats = complex_features(seed=31)
+    s_inputs, s, z, distogram = _trunk_outputs(feats["asym_id"].shape[1], seed=32)
+    x_pred = predicted_coords(feats, 2, seed=33)
+    with_logits = kept(s_inputs, s, z, x_pred, feats, distogram, multiplicity=2)
+    without = dropped(s_inputs, s, z, x_pred, feats, distogram, multiplicity=2)
+    assert "pae_logits" in with_logits and "pae_logits" not in without and "pde_logits" not in without
+    torch.testing.assert_close(without["pae"], with_logits["pae"], rtol=0, atol=0)

@@ -135,33 +135,42 @@ class Boltz2(nn.Module):
         z_init_1, z_init_2 = self.z_init_1(s_inputs), self.z_init_2(s_inputs)
         tokens = s_inputs.shape[1]
         rows = rows_per_block(tokens)
-        relative_position_encoding = by_token_rows(lambda block: self.rel_pos(feats, block), tokens, rows)
+
+        def relative_positions(block: slice) -> Tensor:
+            return self.rel_pos(feats, block)
 
         def z_init_rows(block: slice) -> Tensor:
             # Per token pair, so by blocks of rows (one block below ~700 tokens): unblocked, the int64
             # one-hots and fp32 temporaries of these embeddings peaked at 108 GiB at 6,000 tokens.
             z = z_init_1[:, block, None] + z_init_2[:, None, :]
-            z = z + relative_position_encoding[:, block]
+            z = z + relative_positions(block)
             z = z + self.token_bonds(feats["token_bonds"][:, block].float())
             z = z + self.token_bonds_type(feats["type_bonds"][:, block].long())
             z = z + self.contact_conditioning(feats, block)
             return z if residual_dtype is None else z.to(residual_dtype)
 
-        z_init = by_token_rows(z_init_rows, tokens, rows)
         if residual_dtype is not None:
             s_init = s_init.to(residual_dtype)
         mask = feats["token_pad_mask"].float()
         pair_mask = mask[:, :, None] * mask[:, None, :]
         s = torch.zeros_like(s_init)
-        z = torch.zeros_like(z_init)
+        z: Tensor | None = None
         for _ in range(recycling_steps + 1):
             s = s_init + self.s_recycle(self.s_norm(s))
-            z = z_init + self.z_recycle(self.z_norm(z))
+            # z_init (and the relative positions in it) is rebuilt for every pass, the same values each
+            # time: kept, it and the encoding would hold two more pair tensors through every pass (27 GiB
+            # at 6,000 tokens) for a rebuild that costs a few element-wise passes.
+            z_init = by_token_rows(z_init_rows, tokens, rows)
+            recycled = self.z_recycle(self.z_norm(torch.zeros_like(z_init) if z is None else z))
+            del z
+            z = z_init.add_(recycled) if torch.result_type(z_init, recycled) == z_init.dtype else z_init + recycled
+            del z_init, recycled
             if self.config.use_templates:
                 z = z + self.template_module(z, feats, pair_mask)
             z = z + self.msa_module(z, s_inputs, feats)
             s, z = self.pairformer_module(s, z, mask=mask, pair_mask=pair_mask)
-        return TrunkOutput(s_inputs, s, z, relative_position_encoding)
+        assert z is not None  # recycling_steps >= 0: at least one pass
+        return TrunkOutput(s_inputs, s, z, by_token_rows(relative_positions, tokens, rows))
 
     # Full inference
 

@@ -3,8 +3,8 @@
 forward(s_inputs (B, N, token_s), s (B, N, token_s), z (B, N, N, token_z),
         x_pred (B * mult, M, 3) or (B, mult, M, 3), feats, pred_distogram_logits (B, N, N, bins),
         multiplicity=mult, run_sequentially=False) -> dict with, per sample (first dim B * mult):
-  plddt_logits (N, 50), plddt (N,), resolved_logits (N, 2), pae_logits / pde_logits (N, N, 64),
-  pae / pde (N, N) in A, complex_plddt, complex_iplddt, complex_pde, complex_ipde,
+  plddt_logits (N, 50), plddt (N,), resolved_logits (N, 2), pae / pde (N, N) in A (their
+  (N, N, 64) logits too with return_pair_logits: 5 samples hold 2.5 GiB of them at 1,000 tokens), complex_plddt, complex_iplddt, complex_pde, complex_ipde,
   complex_pae, complex_ipae, complex_pae_unweighted, complex_ipae_unweighted, ptm, iptm,
   ligand_iptm, protein_iptm, confidence_score (scalars per sample), and chain-keyed dicts
   {asym_id: (B * mult,)}: chains_pae, chains_pae_unweighted, chains_ptm; pair-chain dicts
@@ -142,6 +142,7 @@ class ConfidenceModule(nn.Module):
         fix_sym_check: bool = False,
         cyclic_pos_enc: bool = False,
         return_latent_feats: bool = False,
+        return_pair_logits: bool = False,
         conditioning_cutoff_min: float | None = None,
         conditioning_cutoff_max: float | None = None,
         **training_options: Any,
@@ -158,6 +159,7 @@ class ConfidenceModule(nn.Module):
         self.add_z_input_to_z = add_z_input_to_z
         self.bond_type_feature = bond_type_feature
         self.return_latent_feats = return_latent_feats
+        self.return_pair_logits = return_pair_logits
 
         self.register_buffer("boundaries", torch.linspace(2, max_dist, num_dist_bins - 1))
         self.dist_bin_pairwise_embed = nn.Embedding(num_dist_bins, token_z)
@@ -235,6 +237,8 @@ class ConfidenceModule(nn.Module):
         out: dict[str, Any] = {"s_conf": s, "z_conf": z} if self.return_latent_feats else {}
         out.update(self.confidence_heads(s, z, feats["asym_id"].repeat_interleave(multiplicity, 0)))
         out.update(self._metrics(out, x_pred, rep_distances, feats, pred_distogram_logits, multiplicity))
+        if not self.return_pair_logits:  # read by the metrics above; 2 x (N, N, 64) per sample kept otherwise
+            del out["pae_logits"], out["pde_logits"]
         return out
 
     @staticmethod

@@ -27,11 +27,10 @@ from foldmill.model.layers.pairformer import LARGE_INPUT_TOKENS, PairformerNoSeq
 from foldmill.model.layers.transition import Transition
 
 
-# Above this many tokens the outer product mean runs by token rows (its channel chunks still hold
-# (N, N, 4 * 32) fp32 blocks: 18 GB at 6,000 tokens), each row block's outer product within
-# OUTER_PRODUCT_BLOCK_BYTES.
-ROW_CHUNKED_OUTER_PRODUCT_TOKENS = 1024
-OUTER_PRODUCT_BLOCK_BYTES = 1 << 30
+# Above LARGE_INPUT_TOKENS the outer product mean runs by token rows, each row block's outer product
+# within OUTER_PRODUCT_BLOCK_BYTES (Boltz-2's channel chunks hold (N, N, 4 * 32) fp32 blocks and their
+# bf16 copies: ~1.3 GB of temporaries at 1,000 tokens, 18 GB at 6,000).
+OUTER_PRODUCT_BLOCK_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -40,19 +39,16 @@ class MSAChunking:
 
     pair_averaging_by_head: bool = False
     msa_transition: int | None = None
-    outer_product: int | None = None
     triangle_attention: int | None = None
     outer_product_rows: int | None = None
 
     @classmethod
     def for_tokens(cls, num_tokens: int) -> MSAChunking:
-        """Boltz-2's inference policy: chunk everything above LARGE_INPUT_TOKENS; above
-        ROW_CHUNKED_OUTER_PRODUCT_TOKENS the outer product by token rows instead."""
-        if num_tokens > ROW_CHUNKED_OUTER_PRODUCT_TOKENS:
-            rows = max(1, OUTER_PRODUCT_BLOCK_BYTES // (num_tokens * 32 * 32 * 4))
-            return cls(True, 32, None, triangle_attention_chunk_size(num_tokens), rows)
+        """Boltz-2's inference policy, chunk everything above LARGE_INPUT_TOKENS, with the outer product
+        by token rows instead of its channel chunks."""
         if num_tokens > LARGE_INPUT_TOKENS:
-            return cls(True, 32, 4, triangle_attention_chunk_size(num_tokens))
+            rows = max(1, OUTER_PRODUCT_BLOCK_BYTES // (num_tokens * 32 * 32 * 4))
+            return cls(True, 32, triangle_attention_chunk_size(num_tokens), rows)
         return cls(triangle_attention=triangle_attention_chunk_size(num_tokens))
 
 
@@ -71,7 +67,7 @@ class MSALayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         m = m + self.pair_weighted_averaging(m, z, token_pair_mask, chunking.pair_averaging_by_head)
         m = m + self.msa_transition(m, chunking.msa_transition)
-        z = z + self.outer_product_mean(m, msa_mask, chunking.outer_product, chunking.outer_product_rows)
+        z = z + self.outer_product_mean(m, msa_mask, chunking.outer_product_rows)
         z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention)
         return z, m
 

@@ -22,39 +22,28 @@ class OuterProductMean(nn.Module):
         self.proj_b = nn.Linear(c_in, c_hidden, bias=False)
         self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)
 
-    def forward(
-        self, m: Tensor, mask: Tensor, chunk_size: int | None = None, token_rows: int | None = None
-    ) -> Tensor:
-        """m: (B, S, N, c_in), mask: (B, S, N). chunk_size splits a's channels to bound memory (Boltz-2's
-        policy); token_rows instead computes the pair update `token_rows` rows i at a time, which bounds
-        the (rows, N, c_hidden^2) outer product at any N (same values: rows are independent)."""
+    def forward(self, m: Tensor, mask: Tensor, token_rows: int | None = None) -> Tensor:
+        """m: (B, S, N, c_in), mask: (B, S, N). token_rows computes the pair update `token_rows` rows i
+        at a time, which bounds the (rows, N, c_hidden^2) outer product at any N (rows are independent:
+        the same values; Boltz-2 bounds it by chunks of a's channels instead, which changes only the
+        summation order of the output projection)."""
         mask = mask.unsqueeze(-1).to(m)
         m = self.norm(m)
         a = self.proj_a(m) * mask
         b = self.proj_b(m) * mask
-        if token_rows is not None:
-            tokens = m.shape[2]
-            parts = (self._project(a[:, :, i : i + token_rows], b, mask[:, :, i : i + token_rows], mask)
-                     for i in range(0, tokens, token_rows))
-            first = next(parts)
-            out = first.new_empty(first.shape[0], tokens, tokens, first.shape[-1])
-            out[:, :token_rows] = first
-            for start, part in zip(range(token_rows, tokens, token_rows), parts):
-                out[:, start : start + token_rows] = part
-            return out
-        if chunk_size is None:
+        if token_rows is None:
             return self._project(a, b, mask, mask)
-        # Number of rows where both tokens are present: (B, N, N, 1), at least 1.
-        row_count = (mask[:, :, None, :] * mask[:, :, :, None]).sum(1).clamp(min=1)
-        # Same projection, accumulated over slices of a's channels (rows c of proj_o's input).
-        out = None
-        for start in range(0, self.c_hidden, chunk_size):
-            outer = torch.einsum("bsic,bsjd->bijcd", a[..., start : start + chunk_size], b)
-            outer = outer.reshape(*outer.shape[:3], -1) / row_count
-            weight = self.proj_o.weight[:, start * self.c_hidden : (start + chunk_size) * self.c_hidden]
-            part = outer.to(m) @ weight.T
-            out = part if out is None else out + part
-        return out + self.proj_o.bias
+        tokens = m.shape[2]
+        parts = (
+            self._project(a[:, :, i : i + token_rows], b, mask[:, :, i : i + token_rows], mask)
+            for i in range(0, tokens, token_rows)
+        )
+        first = next(parts)
+        out = first.new_empty(first.shape[0], tokens, tokens, first.shape[-1])
+        out[:, :token_rows] = first
+        for start, part in zip(range(token_rows, tokens, token_rows), parts):
+            out[:, start : start + token_rows] = part
+        return out
 
     def _project(self, a: Tensor, b: Tensor, mask_a: Tensor, mask_b: Tensor) -> Tensor:
         """The unchunked computation for the token rows of `a` (B, S, I, c) against all of `b` (B, S, N, c)."""
