@@ -25,6 +25,10 @@ from foldmill.model.token_rows import by_token_rows
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
 MASK_LOGIT = 1e9
 
+# Backends that never materialise the (rows x heads x J x J) logits: Boltz-2's row chunks, which
+# bound those, would only add launches and a copy of every chunk into the output.
+LOGIT_FREE_BACKENDS = frozenset({"triton"})
+
 # Largest (q | k | v | g) projection made at once; beyond it, blocks of rows (see TriangleAttention).
 # A block's temporaries (projection, attention output, gate, output projection) are ~1.8x this: the
 # trunk's largest at 1,000 tokens unblocked (1.8 GiB), ~0.9 GiB at this size.
@@ -77,12 +81,13 @@ class GatedAttention(nn.Module):
 
     def forward(self, projected: Tensor, bias: Tensor, mask: Tensor, chunk_size: int | None = None) -> Tensor:
         """projected: (B, I, J, 4*H*D) = x @ [q|k|v|g]^T, bias: (B, 1, H, J, J), mask: (B, I, 1, 1, J) bool
-        -> (B, I, J, C)."""
+        -> (B, I, J, C). chunk_size: rows per attention call, unless the backend needs no chunks."""
         q, k, v, gate = projected.chunk(4, dim=-1)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         scale = 1.0 / math.sqrt(self.c_hidden)
         rows = projected.shape[1]
-        step = rows if chunk_size is None else chunk_size
+        unchunked = chunk_size is None or kernels.select("triangle_attention", q, q.shape[-2]) in LOGIT_FREE_BACKENDS
+        step = rows if unchunked else chunk_size
         # Rows are independent, so chunking over them only bounds the logits' memory.
         out = by_token_rows(
             lambda block: kernels.dispatch(
