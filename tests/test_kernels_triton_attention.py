@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from foldmill.kernels import triton_support, triton_triangle_attention
-from foldmill.model.layers.triangle_attention import GatedAttention, triangle_attention_core
+from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
 from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -38,19 +38,22 @@ def model_inputs(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     row_offset: int = 0,
+    with_gate: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """q, k, v, bias, mask as TriangleAttention/GatedAttention produce them (in `dtype`), for `rows` rows
-    starting at `row_offset` of a larger pair (a row chunk, as with chunk_size). The same seed gives the
-    same values in every dtype. Keys ~30% masked; with several rows, row 0 fully masked (a padding row)."""
+    starting at `row_offset` of a larger pair (a row chunk, as with chunk_size), and with_gate the gate
+    (B, rows, J, H*D) view too. The same seed gives the same values in every dtype. Keys ~30% masked;
+    with several rows, row 0 fully masked (a padding row)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     projected = torch.randn(batch, row_offset + rows, tokens, 4 * HEADS * head_dim, generator=generator, device=device)
     heads = GatedAttention(1, head_dim, HEADS)._heads
-    q, k, v, _ = projected.to(dtype)[:, row_offset:].chunk(4, dim=-1)
+    q, k, v, gate = projected.to(dtype)[:, row_offset:].chunk(4, dim=-1)
     bias = 2 * torch.randn(batch, tokens, tokens, HEADS, generator=generator, device=device)
     mask = torch.rand(batch, rows, 1, 1, tokens, generator=generator, device=device) > 0.3
     if rows > 1:
         mask[:, 0] = False
-    return heads(q), heads(k), heads(v), bias.to(dtype).permute(0, 3, 1, 2).unsqueeze(1), mask
+    inputs = (heads(q), heads(k), heads(v), bias.to(dtype).permute(0, 3, 1, 2).unsqueeze(1), mask)
+    return (*inputs, gate) if with_gate else inputs
 
 
 def valid_rows(mask: torch.Tensor) -> torch.Tensor:
@@ -129,6 +132,36 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             assert error <= BF16_TOL and error <= 1.5 * torch_bf16_errors[name], (name, error, torch_bf16_errors[name])
 
 
+# (name, rows, tokens, head dim, compute dtype, block config): the gate fused into the kernel's store.
+GATED_CASES = [
+    ("gated_fp32_d32_small_blocks", 3, 40, 32, torch.float32, (16, 16, 4, 2)),
+    ("gated_bf16_d16_default_blocks", 4, 40, 16, torch.bfloat16, None),
+]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_gated_flash_kernel_matches_the_gated_reference_under_the_triton_interpreter(tmp_path):
+    """The gated output (sigmoid(gate) * attention, in the gate's (B, I, J, H*D) layout) equals
+    gated_triangle_attention's on the same values; the gate is a strided view of the projection."""
+    cases, expected, valid = [], {}, {}
+    for index, (name, rows, tokens, head_dim, dtype, config) in enumerate(GATED_CASES):
+        *exact, gate = model_inputs(1, rows, tokens, head_dim, seed=200 + index, row_offset=1, with_gate=True)
+        *low, low_gate = model_inputs(1, rows, tokens, head_dim, seed=200 + index, dtype=dtype, row_offset=1, with_gate=True)
+        assert low_gate.stride(-2) == 4 * HEADS * head_dim  # a view of the projection, not a copy
+        scale = head_dim**-0.5
+        expected[name] = gated_triangle_attention(*exact, scale, gate, None)
+        valid[name] = valid_rows(exact[-1])
+        cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype), "config": config,
+                      "group_queries": 1024, "via": "kernel", "gate": low_gate})  # fmt: skip
+    outputs = run_interpreted(__file__, cases, tmp_path)
+    for name, rows, tokens, head_dim, dtype, _ in GATED_CASES:
+        out = outputs[name]
+        assert out.shape == (1, rows, tokens, HEADS * head_dim) and out.dtype == dtype, name
+        assert torch.isfinite(out).all(), name
+        error = relative_error(out[:, valid[name]], expected[name][:, valid[name]])
+        assert error <= (FP32_TOL if dtype == torch.float32 else BF16_TOL), (name, error)
+
+
 H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
 
 
@@ -148,17 +181,18 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     scalars = {name: "i32" for name in names if name not in pointers and not name.isupper()} | {"scale": "fp32"}
     divisible = [name for name in names if name in pointers or "stride" in name]
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
-    for head_dim, configs in ((32, NARROW_CONFIGS), (64, WIDE_CONFIGS)):
+    for head_dim, configs, gated in ((32, NARROW_CONFIGS, False), (32, NARROW_CONFIGS, True), (64, WIDE_CONFIGS, False)):
         for config in configs:
             constants = {"HEADS": HEADS, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
-            constants |= {"GROUP_QUERIES": 1024, "ALIGN": 8, "DOT_PRECISION": "tf32", "EMULATE_BF16": False}
+            constants |= {"GROUP_QUERIES": 1024, "ALIGN": 8, "GATED": gated, "DOT_PRECISION": "tf32"}
+            constants |= {"EMULATE_BF16": False}
             signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
             compiled = triton.compile(
                 ASTSource(_attention_kernel, signature, constants, attrs),
                 target=GPUTarget("cuda", 90, 32),
                 options={"num_warps": config.num_warps, "num_stages": config.num_stages},
             )
-            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, config, compiled.metadata.shared)
+            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, gated, config, compiled.metadata.shared)
 
 
 def _patch_interpreter_for_numpy_2_4() -> None:
@@ -190,7 +224,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
             continue
         config = None if case["config"] is None else BlockConfig(*case["config"])
         outputs[case["name"]] = flash_triangle_attention(
-            q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"]
+            q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"], gate=case.get("gate")
         )
     torch.save(outputs, outputs_path)
 
@@ -219,6 +253,22 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens):
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
     keep = valid_rows(mask)
+    assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [136, 1000])
+def test_gated_flash_kernel_gpu_parity_in_bf16(tokens):
+    """The fused-gate backend (what GatedAttention runs on the GPU) vs the fp32 gated reference."""
+    _needs_triton()
+    *exact, gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", row_offset=5, with_gate=True)
+    expected = gated_triangle_attention(*exact, 32**-0.5, gate, None)
+    *low, low_gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=5,
+                                  with_gate=True)  # fmt: skip
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out = triton_triangle_attention.gated_triangle_attention(*low, 32**-0.5, low_gate, 128)
+    assert out.shape == expected.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    keep = valid_rows(exact[-1])
     assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL
 
 

@@ -93,26 +93,6 @@ def test_triangle_attention(oss_cls, ours_cls, chunk_size, row_blocks, monkeypat
 
 
 @torch.no_grad()
-def test_triangle_attention_skips_row_chunks_for_a_logit_free_backend(monkeypatch):
-    """With a backend that never materialises the logits, one attention call per projection block
-    instead of one per chunk of rows; the same values."""
-    from foldmill import kernels
-
-    _, module = _pair_oracle(oss_triatt.TriangleAttentionStartingNode(C_Z, 8, 2, inf=1e9), TriangleAttentionStartingNode(C_Z, 8, 2))
-    x = _pair(3)
-    _, pair_mask = token_masks(B, N, PAD)
-    kernels.reset_counts()
-    chunked = module(x, pair_mask, 2)
-    chunked_calls = sum(n for key, n in kernels.chosen_counts().items() if key.startswith("triangle_attention/"))
-    monkeypatch.setattr(triangle_attention.kernels, "select", lambda op, x, tokens: "triton")
-    kernels.reset_counts()
-    unchunked = module(x, pair_mask, 2)
-    calls = sum(n for key, n in kernels.chosen_counts().items() if key.startswith("triangle_attention/"))
-    assert (chunked_calls, calls) == (-(-N // 2), 1)
-    torch.testing.assert_close(unchunked, chunked, rtol=1e-6, atol=1e-6)
-
-
-@torch.no_grad()
 def test_attention_pair_bias():
     oss, ours = _pair_oracle(oss_attention.AttentionPairBias(C_S, C_Z, 4), AttentionPairBias(C_S, C_Z, 4))
     g = torch.Generator().manual_seed(4)

@@ -4,6 +4,7 @@
 |-------------------------|-----------------------------------------------|---------------|------------------|
 | triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq          | x (B, N, N, C)   |
 | triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa, triton | keys of q   |
+| gated_triangle_attention | gated_triangle_attention(q, ..., gate, ...)  | triton (fused gate) | keys of q  |
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 | layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
@@ -62,6 +63,21 @@ register_op(
             Backend(
                 "triton",
                 triton_triangle_attention.triangle_attention,
+                _CUDA,
+                _HALF,
+                triton_support.available,
+            ),
+        ),
+    ),
+)
+register_op(
+    "gated_triangle_attention",
+    OpSpec(
+        tokens=lambda q, *args, **kwargs: q.shape[-2],
+        backends=(
+            Backend(
+                "triton",
+                triton_triangle_attention.gated_triangle_attention,
                 _CUDA,
                 _HALF,
                 triton_support.available,

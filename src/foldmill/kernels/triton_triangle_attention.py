@@ -46,3 +46,23 @@ def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tens
     from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
 
     return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q))
+
+
+def gated_triangle_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float, gate: Tensor, chunk_size: int | None
+) -> Tensor:
+    """The "gated_triangle_attention" backend: the flash kernel with the output gate fused into its
+    store, unchunked (it never makes the logits that chunks bound), where the registry would run it
+    for the attention itself; elsewhere the reference (which dispatches the attention per chunk)."""
+    from foldmill import kernels
+    from foldmill.model.layers.triangle_attention import gated_triangle_attention as reference
+
+    if (
+        records_autograd(q, k, v, bias, gate)
+        or not supported(q.shape[-1])
+        or kernels.select("triangle_attention", q, q.shape[-2]) != "triton"
+    ):
+        return reference(q, k, v, bias, mask, scale, gate, chunk_size)
+    from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
+
+    return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q), gate=gate)

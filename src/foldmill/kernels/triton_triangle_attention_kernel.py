@@ -119,9 +119,16 @@ def _attend_key_block(
 
 
 @triton.jit
-def _store_row(out_tile, acc, running_sum, store_ok, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """acc / running_sum (>= 1: the largest logit contributes exp2(0)) into the row's output tile."""
-    out = rounded(acc / running_sum[:, None], DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
+def _store_row(
+    out_tile, gate_tile, acc, running_sum, store_ok, GATED: tl.constexpr, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr
+):
+    """acc / running_sum (>= 1: the largest logit contributes exp2(0)), times sigmoid(gate) when GATED,
+    into the row's output tile."""
+    out = acc / running_sum[:, None]
+    if GATED:
+        gate = tl.load(gate_tile, mask=store_ok[:, None], other=0.0).to(tl.float32)
+        out = out * tl.sigmoid(gate)
+    out = rounded(out, DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
     tl.store(out_tile, out, mask=store_ok[:, None])
 
 
@@ -132,6 +139,7 @@ def _attention_kernel(
     v_ptr,
     bias_ptr,
     key_bias_ptr,
+    gate_ptr,
     out_ptr,
     rows,
     queries,
@@ -155,12 +163,20 @@ def _attention_kernel(
     bias_stride_q,
     key_bias_stride_b,
     key_bias_stride_i,
+    gate_stride_b,
+    gate_stride_i,
+    gate_stride_j,
+    out_stride_b,
+    out_stride_i,
+    out_stride_h,
+    out_stride_j,
     HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_QUERIES: tl.constexpr,
     ALIGN: tl.constexpr,
+    GATED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
@@ -265,11 +281,15 @@ def _attention_kernel(
         key_bias0 = next_key_bias0
         key_bias1 = next_key_bias1
 
-    # out is (B, I, H, Jq, D), contiguous.
-    out_head = out_ptr + (batch * rows * HEADS + head) * queries * HEAD_DIM + query[:, None] * HEAD_DIM + dim[None, :]
-    row_size = HEADS * queries * HEAD_DIM
-    _store_row(out_head + row0 * row_size, acc0, sum0, query_ok, dtype, EMULATE_BF16)
-    _store_row(out_head + row1 * row_size, acc1, sum1, query_ok, dtype, EMULATE_BF16)
+    # out[b, i, h, j, d] at the given strides (d contiguous); the gate in (B, I, Jq, H * D) (d contiguous).
+    out_head = out_ptr + batch * out_stride_b + head * out_stride_h + query[:, None] * out_stride_j + dim[None, :]
+    gate_head = gate_ptr + batch * gate_stride_b + head * HEAD_DIM + query[:, None] * gate_stride_j + dim[None, :]
+    _store_row(
+        out_head + row0 * out_stride_i, gate_head + row0 * gate_stride_i, acc0, sum0, query_ok, GATED, dtype, EMULATE_BF16
+    )
+    _store_row(
+        out_head + row1 * out_stride_i, gate_head + row1 * gate_stride_i, acc1, sum1, query_ok, GATED, dtype, EMULATE_BF16
+    )
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
@@ -286,7 +306,7 @@ _autotuned_kernel = triton.autotune(
         triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
         for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
     ],
-    key=["HEAD_DIM", "tuning_class", "ALIGN"],
+    key=["HEAD_DIM", "tuning_class", "ALIGN", "GATED"],
     prune_configs_by={"early_config_prune": _prune},
 )(_attention_kernel)
 
@@ -317,9 +337,12 @@ def flash_triangle_attention(
     compute_dtype: torch.dtype,
     config: BlockConfig | None = None,
     group_queries: int = GROUP_QUERIES,
+    gate: Tensor | None = None,
 ) -> Tensor:
     """softmax(scale * q k^T + bias + mask) v per (batch, row, head); returns (B, I, H, Jq, D) in
-    `compute_dtype`, contiguous.
+    `compute_dtype`, contiguous. With `gate` (B, I, Jq, H * D), any strides but the last: that output
+    times sigmoid(gate), in the gate's layout (B, I, Jq, H * D), contiguous (the layout of
+    GatedAttention's output projection; no separate sigmoid, multiply and transpose passes).
 
     q: (B, I, H, Jq, D); k, v: (B, I, H, Jk, D), any strides (read in place; copied only if their
     last axis is strided or their dtype is not the compute dtype); bias: (B or 1, 1, H, Jq, Jk),
@@ -338,20 +361,29 @@ def flash_triangle_attention(
         bias_dtype = bias.dtype if compute_dtype == torch.float32 else compute_dtype
         bias = torch.empty(bias.shape, device=bias.device, dtype=bias_dtype).copy_(bias)  # one pass
     bias = bias.expand(batch, 1, heads, queries, keys)
-    out = torch.empty(batch, rows, heads, queries, head_dim, device=q.device, dtype=compute_dtype)
+    if gate is None:
+        out = torch.empty(batch, rows, heads, queries, head_dim, device=q.device, dtype=compute_dtype)
+        out_strides = out.stride()[:4]
+    else:
+        if gate.stride(-1) != 1:
+            gate = gate.contiguous()
+        out = torch.empty(batch, rows, queries, heads * head_dim, device=q.device, dtype=compute_dtype)
+        out_strides = (out.stride(0), out.stride(1), head_dim, out.stride(2))  # (b, i, h, j)
     if out.numel() == 0:
         return out
     key_biases = _key_bias(mask, batch, rows, keys, compute_dtype)
     on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
     emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see rounded
-    args = (q, k, v, bias, key_biases, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
+    gate_arg = out if gate is None else gate  # never read without GATED
+    args = (q, k, v, bias, key_biases, gate_arg, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
     strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
-    strides += key_biases.stride()[:2]
+    strides += (*key_biases.stride()[:2], *gate_arg.stride()[:3], *out_strides)
     shape_args = {
         "HEADS": heads,
         "HEAD_DIM": head_dim,
         "GROUP_QUERIES": group_queries,
         "ALIGN": math.gcd(16, keys, *bias.stride()[:-1]),  # see the kernel's first lines
+        "GATED": gate is not None,
         "DOT_PRECISION": "ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
         "EMULATE_BF16": emulate_bf16,
     }

@@ -25,10 +25,6 @@ from foldmill.model.token_rows import by_token_rows
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
 MASK_LOGIT = 1e9
 
-# Backends that never materialise the (rows x heads x J x J) logits: Boltz-2's row chunks, which
-# bound those, would only add launches and a copy of every chunk into the output.
-LOGIT_FREE_BACKENDS = frozenset({"triton"})
-
 # Largest (q | k | v | g) projection made at once; beyond it, blocks of rows (see TriangleAttention).
 # A block's temporaries (projection, attention output, gate, output projection) are ~1.8x this: the
 # trunk's largest at 1,000 tokens unblocked (1.8 GiB), ~0.9 GiB at this size.
@@ -45,6 +41,28 @@ def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask:
     logits += (mask.to(logits.dtype) - 1.0) * MASK_LOGIT
     logits += bias
     return torch.matmul(logits.softmax(dim=-1), v)
+
+
+def gated_triangle_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float, gate: Tensor, chunk_size: int | None
+) -> Tensor:
+    """sigmoid(gate) * triangle_attention_core(...), in the gate's (B, I, J, H*D) layout.
+
+    The attention runs through the "triangle_attention" op, `chunk_size` rows per call (Boltz-2's bound
+    on the logits' memory); the "gated_triangle_attention" op's flash backend fuses all of it.
+    """
+    rows = q.shape[1]
+    out = by_token_rows(
+        lambda block: kernels.dispatch(
+            "triangle_attention", triangle_attention_core, q[:, block], k[:, block], v[:, block], bias,
+            mask[:, block], scale,
+        ),
+        rows,
+        rows if chunk_size is None else chunk_size,
+    )  # fmt: skip
+    # The gate in the (B, I, J, H*D) layout linear_o reads: one new tensor, multiplied in place.
+    heads, head_dim = q.shape[2], q.shape[-1]
+    return gate.sigmoid().view(*gate.shape[:-1], heads, head_dim).mul_(out.transpose(-2, -3)).flatten(-2)
 
 
 def projection_block_rows(batch: int, tokens: int, width: int, element_size: int) -> int:
@@ -81,31 +99,14 @@ class GatedAttention(nn.Module):
 
     def forward(self, projected: Tensor, bias: Tensor, mask: Tensor, chunk_size: int | None = None) -> Tensor:
         """projected: (B, I, J, 4*H*D) = x @ [q|k|v|g]^T, bias: (B, 1, H, J, J), mask: (B, I, 1, 1, J) bool
-        -> (B, I, J, C). chunk_size: rows per attention call, unless the backend needs no chunks."""
+        -> (B, I, J, C). chunk_size: rows per attention call (a flash backend needs none)."""
         q, k, v, gate = projected.chunk(4, dim=-1)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         scale = 1.0 / math.sqrt(self.c_hidden)
-        rows = projected.shape[1]
-        unchunked = chunk_size is None or kernels.select("triangle_attention", q, q.shape[-2]) in LOGIT_FREE_BACKENDS
-        step = rows if unchunked else chunk_size
-        # Rows are independent, so chunking over them only bounds the logits' memory.
-        out = by_token_rows(
-            lambda block: kernels.dispatch(
-                "triangle_attention",
-                triangle_attention_core,
-                q[:, block],
-                k[:, block],
-                v[:, block],
-                bias,
-                mask[:, block],
-                scale,
-            ),
-            rows,
-            step,
+        gated = kernels.dispatch(
+            "gated_triangle_attention", gated_triangle_attention, q, k, v, bias, mask, scale, gate, chunk_size
         )
-        # The gate in the (B, I, J, H*D) layout linear_o reads: one new tensor, multiplied in place.
-        gate = gate.sigmoid().view(*gate.shape[:-1], self.num_heads, self.c_hidden)
-        return self.linear_o(gate.mul_(out.transpose(-2, -3)).flatten(-2))
+        return self.linear_o(gated)
 
 
 class TriangleAttention(nn.Module):
