@@ -273,3 +273,17 @@ def test_pair_transition_by_token_rows_equals_unchunked(monkeypatch):
         assert pairformer.pair_transition_rows(9, 16) == 2
         chunked = layer(z, pair_mask)
     torch.testing.assert_close(chunked, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_bench_counts_a_modules_bytes_on_a_device_given_without_index():
+    """device_bytes must match parameters on cuda:0 when asked for "cuda" (a contender's own weights
+    count towards its peak); shared tensors once, other devices not at all."""
+    from foldmill.bench.forward import device_bytes
+
+    module = torch.nn.Linear(4, 3)
+    module.extra = torch.nn.Parameter(module.weight)  # shared: counted once
+    assert device_bytes(module, torch.device("cpu")) == (12 + 3) * 4
+    assert device_bytes(module, torch.device("meta")) == 0
+    if torch.cuda.is_available():
+        module.cuda()
+        assert device_bytes(module, torch.device("cuda")) == device_bytes(module, torch.device("cuda", 0)) == 60

@@ -189,7 +189,9 @@ def device_bytes(module: nn.Module, device: torch.device) -> int:
     """Bytes of `module`'s parameters and buffers on `device` (shared tensors counted once)."""
     seen, total = set(), 0
     for tensor in [*module.parameters(), *module.buffers()]:
-        if tensor.device == device and tensor.data_ptr() not in seen:
+        # torch.device("cuda") != torch.device("cuda:0"): compare the type, and the index when given
+        on_device = tensor.device.type == device.type and device.index in (None, tensor.device.index)
+        if on_device and tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
     return total
