@@ -7,13 +7,12 @@ GPU time at 1,000 tokens. The kernel (foldmill.kernels.triton_triangle_attention
 q/k/v as the strided views GatedAttention hands over (no copies), the bias once per group of
 rows from L2, and keeps the softmax statistics in fp32.
 
-Measured on the H200 (`foldmill bench kernels`, 1 x N rows x 4 heads x 32, bf16): 4.12 ms against
-cuEquivariance's 6.90 ms at 1,024 tokens, 2.24 vs 3.54 ms at 768, 0.78 vs 1.11 ms at 512; the
-700-token trunk fell from 3.68 s to 2.33 s with it. The same run's GPU test found non-finite
-output in a fully masked (padding) row at 1,000 tokens; the kernel's exponent clamp that fixes
-the likely cause came after the session's GPU time and is not yet verified on the GPU, so the
-shipped crossover table does not list this backend: it runs only when forced or when a table
-re-measured after `tests/test_kernels_triton_attention.py` passes on the GPU puts it first.
+Measured on the H200 (`foldmill bench kernels`, 1 x N rows x 4 heads x 32, bf16): 4.24 ms against
+cuEquivariance's 6.82 ms at 1,024 tokens, 2.19 vs 3.11 ms at 768, 0.75 vs 1.14 ms at 512; the shipped
+sm_90 table puts it first at every size. `gated_triangle_attention` is the same kernel with the
+output gate of GatedAttention fused into its store (sigmoid(gate) * out in the (B, I, J, H*D) layout
+the output projection reads): at 1,700 tokens the separate sigmoid, strided multiply and chunk
+copies it replaces were 0.5 of a 5.6 s trunk pass.
 
 Same arguments and result as triangle_attention_core: the output is (B, I, H, J, D) in the compute
 dtype (the autocast dtype, else q's). Triton is imported lazily: this module loads where triton is
