@@ -38,7 +38,9 @@ def test_pairformer_module(c_s, c_z, heads, blocks, tokens):
     oss = randomize_(oss_pairformer.PairformerModule(c_s, c_z, **args), seed=20)
     ours = load_into(PairformerModule(c_s, c_z, **args), oss)
     s, z, mask, pair_mask = _inputs(1, tokens, 4, c_s, c_z, seed=21)
+    z_before = z.clone()
     assert_matches(ours(s, z, mask, pair_mask), oss(s, z, mask, pair_mask, use_kernels=False))
+    assert torch.equal(z, z_before)  # blocks after the first add in place, into the stack's own tensor
 
 
 @torch.no_grad()

@@ -63,12 +63,23 @@ class MSALayer(nn.Module):
         self.outer_product_mean = OuterProductMean(c_in=msa_s, c_hidden=32, c_out=token_z)
 
     def forward(
-        self, z: Tensor, m: Tensor, token_pair_mask: Tensor, msa_mask: Tensor, chunking: MSAChunking
+        self,
+        z: Tensor,
+        m: Tensor,
+        token_pair_mask: Tensor,
+        msa_mask: Tensor,
+        chunking: MSAChunking,
+        in_place: bool = False,
     ) -> tuple[Tensor, Tensor]:
+        """in_place: z is the caller's to overwrite (see PairformerNoSeqLayer.update_pair)."""
         m = m + self.pair_weighted_averaging(m, z, token_pair_mask, chunking.pair_averaging_by_head)
         m = m + self.msa_transition(m, chunking.msa_transition)
-        z = z + self.outer_product_mean(m, msa_mask, chunking.outer_product_rows)
-        z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention)
+        update = self.outer_product_mean(m, msa_mask, chunking.outer_product_rows)
+        in_place = in_place and torch.result_type(z, update) == z.dtype
+        z = z.add_(update) if in_place else z + update
+        del update
+        # z is this block's own from here on
+        z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention, in_place=True)
         return z, m
 
 
@@ -122,6 +133,6 @@ class MSAModule(nn.Module):
         token_mask = feats["token_pad_mask"].float()
         token_pair_mask = token_mask[:, :, None] * token_mask[:, None, :]
         chunking = MSAChunking.for_tokens(z.shape[1])
-        for layer in self.layers:
-            z, m = layer(z, m, token_pair_mask, msa_mask, chunking)
+        for index, layer in enumerate(self.layers):  # the input z is the caller's; later ones are the module's
+            z, m = layer(z, m, token_pair_mask, msa_mask, chunking, in_place=index > 0)
         return z
