@@ -119,6 +119,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # Tuned once per process and (width, hidden, out width, dtypes), at the first call's row count (a
 # few hundred ms). That first call must be eager, never inside CUDA-graph capture: benchmarking
 # launches and synchronises.
+# The winners are kept in Triton's on-disk cache (keyed by GPU target, kernel source and key), so a
+# new process, say the next Slurm job's replica, reuses them instead of benchmarking again.
 _autotuned_kernel = triton.autotune(
     configs=[
         triton.Config({"BLOCK_M": c.block_m, "BLOCK_H": c.block_h}, num_warps=c.num_warps, num_stages=c.num_stages)
@@ -126,6 +128,7 @@ _autotuned_kernel = triton.autotune(
     ],
     key=["DIM", "HIDDEN", "OUT_DIM"],
     prune_configs_by={"early_config_prune": _prune},
+    cache_results=True,
 )(_transition_kernel)
 
 

@@ -301,6 +301,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # Tuned once per process and (head dim, size class of the key count, dtypes, alignment) at its first
 # call: that call must be eager, never inside CUDA-graph capture (benchmarking launches and
 # synchronises). The size class (next power of two of the keys) keeps one tuning per class of lengths.
+# The winners are kept in Triton's on-disk cache (keyed by GPU target, kernel source and key), so a
+# new process, say the next Slurm job's replica, reuses them instead of benchmarking again.
 _autotuned_kernel = triton.autotune(
     configs=[
         triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
@@ -308,6 +310,7 @@ _autotuned_kernel = triton.autotune(
     ],
     key=["HEAD_DIM", "tuning_class", "ALIGN", "GATED"],
     prune_configs_by={"early_config_prune": _prune},
+    cache_results=True,
 )(_attention_kernel)
 
 
