@@ -149,9 +149,15 @@ class GraphedCall:
     def eager_reasons(self) -> dict[str, str]:
         return {str(key): why for key, why in self._eager.items()}
 
+    def __len__(self) -> int:
+        """Graphs held now."""
+        return len(self._entries)
+
     def clear(self) -> None:
+        """Drop every graph: their memory pools and static buffers return to PyTorch's caching
+        allocator (no empty_cache: that would synchronise), and the in-place inputs they read are
+        no longer kept alive by them."""
         self._entries.clear()
-        torch.cuda.empty_cache()
 
     def __call__(self, *inputs: Any, key: Hashable = None) -> Tensor:
         shape_key = (key, tuple(_signature(value) for value in inputs))

@@ -23,7 +23,8 @@ stages in the same order, from the model's own modules; what it changes:
   (foldmill.model.fast_score: per-run and per-record work hoisted out of the steps, fused layers).
 - token padding to a multiple of `pad_tokens_to` (outputs cropped back).
 - CUDA graphs: the whole sampling step (kernels on) or the score-model call (kernels off) is
-  captured per shape and replayed for every step (foldmill.kernels.cuda_graphs), up to
+  captured per shape and replayed for every step (foldmill.kernels.cuda_graphs), and dropped when
+  the sampling run ends (it reads that run's conditioning in place), up to
   `max_graph_tokens` tokens; the trunk's pairformer pass
   (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager.
 - memory: above `sequential_confidence_tokens` tokens the confidence module scores one sample at
@@ -356,12 +357,19 @@ class FastBoltz2:
     ) -> Tensor:
         """The recipe's diffusion samples (B * samples, atoms, 3): Boltz2.sample_structure's, from the same
         generator draws; the conditioning is the sampler's from here on (see foldmill.model.fast_score)."""
-        if self.sampler is None:
-            with self._fast_denoiser():
-                return self.network.sample_structure(trunk, feats, conditioning, recipe)
-        generator = sampling_generator(recipe.seed, trunk.s.device)
-        step = self.graphs if self._graphed(feats) else None
-        return self.sampler.sample(trunk.s.float(), trunk.s_inputs.float(), feats, conditioning, recipe, generator, step)
+        try:
+            if self.sampler is None:
+                with self._fast_denoiser():
+                    return self.network.sample_structure(trunk, feats, conditioning, recipe)
+            generator = sampling_generator(recipe.seed, trunk.s.device)
+            step = self.graphs if self._graphed(feats) else None
+            s_trunk, s_inputs = trunk.s.float(), trunk.s_inputs.float()
+            return self.sampler.sample(s_trunk, s_inputs, feats, conditioning, recipe, generator, step)
+        finally:
+            # A sampling graph reads its run's conditioning in place: no later run replays it (its tensors
+            # live elsewhere), and kept it would hold them (the token bias alone is 0.75 GiB at 1,000
+            # tokens) and its memory pool through confidence and every later target.
+            self.graphs.clear()
 
     @contextlib.contextmanager
     def _fast_denoiser(self) -> Iterator[None]:
