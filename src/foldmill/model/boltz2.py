@@ -42,6 +42,7 @@ from foldmill.model.input_embedder import InputEmbedder
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.msa_module import MSAModule
 from foldmill.model.relative_position import RelativePositionEncoder
+from foldmill.model.residual import accumulate
 from foldmill.model.template_module import TemplateV2Module
 from foldmill.model.token_rows import by_token_rows, rows_per_block
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS  # per-sample scalars, the writers' names
@@ -163,7 +164,7 @@ class Boltz2(nn.Module):
             z_init = by_token_rows(z_init_rows, tokens, rows)
             recycled = self.z_recycle(self.z_norm(torch.zeros_like(z_init) if z is None else z))
             del z
-            z = z_init.add_(recycled) if torch.result_type(z_init, recycled) == z_init.dtype else z_init + recycled
+            z = accumulate(z_init, recycled)
             del z_init, recycled
             if self.config.use_templates:
                 z = z + self.template_module(z, feats, pair_mask)

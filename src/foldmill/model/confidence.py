@@ -4,8 +4,8 @@ forward(s_inputs (B, N, token_s), s (B, N, token_s), z (B, N, N, token_z),
         x_pred (B * mult, M, 3) or (B, mult, M, 3), feats, pred_distogram_logits (B, N, N, bins),
         multiplicity=mult, run_sequentially=False) -> dict with, per sample (first dim B * mult):
   plddt_logits (N, 50), plddt (N,), resolved_logits (N, 2), pae / pde (N, N) in A (their
-  (N, N, 64) logits too with return_pair_logits: 5 samples hold 2.5 GiB of them at 1,000 tokens), complex_plddt, complex_iplddt, complex_pde, complex_ipde,
-  complex_pae, complex_ipae, complex_pae_unweighted, complex_ipae_unweighted, ptm, iptm,
+  (N, N, 64) logits too with return_pair_logits: 5 samples hold 2.5 GiB of them at 1,000 tokens),
+  complex_plddt, complex_iplddt, complex_pde, complex_ipde, complex_pae, complex_ipae, complex_pae_unweighted, complex_ipae_unweighted, ptm, iptm,
   ligand_iptm, protein_iptm, confidence_score (scalars per sample), and chain-keyed dicts
   {asym_id: (B * mult,)}: chains_pae, chains_pae_unweighted, chains_ptm; pair-chain dicts
   {asym_id: {asym_id: (B * mult,)}}: pair_chains_pae, pair_chains_pae_unweighted, pair_chains_iptm;
@@ -39,6 +39,7 @@ from foldmill.model import confidence_metrics as metrics
 from foldmill.model.contact_conditioning import ContactConditioning
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.relative_position import RelativePositionEncoder
+from foldmill.model.residual import accumulate
 from foldmill.model.token_rows import rows_per_block
 
 PAE_MAX = 32.0  # A, upper end of the PAE / PDE bins
@@ -89,13 +90,6 @@ class ConfidenceHeads(nn.Module):
             "resolved_logits": self.to_resolved_logits(s),
             "plddt_logits": self.to_plddt_logits(s),
         }
-
-
-def _accumulate(z: Tensor, update: Tensor) -> Tensor:
-    """z + update; in z's own storage where the sum keeps z's dtype (z must be the caller's private tensor)."""
-    if torch.result_type(z, update) != z.dtype:
-        return z + update
-    return z.add_(update)
 
 
 def _accumulate_by_rows(z: Tensor, pair_fn: Callable[[slice], Tensor]) -> Tensor:
@@ -201,8 +195,8 @@ class ConfidenceModule(nn.Module):
             if self.bond_type_feature:
                 z = _accumulate_by_rows(z, lambda rows: self.token_bonds_type(feats["type_bonds"][:, rows].long()))
             z = _accumulate_by_rows(z, lambda rows: self.contact_conditioning(feats, rows))
-        z = _accumulate(z, self.s_to_z(s_inputs)[:, :, None, :])
-        z = _accumulate(z, self.s_to_z_transpose(s_inputs)[:, None, :, :])
+        z = accumulate(z, self.s_to_z(s_inputs)[:, :, None, :])
+        z = accumulate(z, self.s_to_z_transpose(s_inputs)[:, None, :, :])
         if self.add_s_to_z_prod:
             prod_in1, prod_in2 = self.s_to_z_prod_in1(s_inputs), self.s_to_z_prod_in2(s_inputs)
             z = _accumulate_by_rows(

@@ -170,7 +170,8 @@ def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: Diffus
     Parameter names are unchanged.
     """
     original = model.structure_module.score_model
-    score_model = score_model or original
+    if score_model is None:
+        score_model = original
     clone = copy.deepcopy(model, memo={id(original): score_model})
     shared = {id(module) for module in score_model.modules()}
     fp32_weights = {

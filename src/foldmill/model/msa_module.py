@@ -25,6 +25,7 @@ from foldmill.model.layers.outer_product_mean import OuterProductMean
 from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging
 from foldmill.model.layers.pairformer import LARGE_INPUT_TOKENS, PairformerNoSeqLayer, triangle_attention_chunk_size
 from foldmill.model.layers.transition import Transition
+from foldmill.model.residual import accumulate
 
 
 # Above LARGE_INPUT_TOKENS the outer product mean runs by token rows, each row block's outer product
@@ -74,10 +75,7 @@ class MSALayer(nn.Module):
         """in_place: z is the caller's to overwrite (see PairformerNoSeqLayer.update_pair)."""
         m = m + self.pair_weighted_averaging(m, z, token_pair_mask, chunking.pair_averaging_by_head)
         m = m + self.msa_transition(m, chunking.msa_transition)
-        update = self.outer_product_mean(m, msa_mask, chunking.outer_product_rows)
-        in_place = in_place and torch.result_type(z, update) == z.dtype
-        z = z.add_(update) if in_place else z + update
-        del update
+        z = accumulate(z, self.outer_product_mean(m, msa_mask, chunking.outer_product_rows), in_place)
         # z is this block's own from here on
         z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention, in_place=True)
         return z, m

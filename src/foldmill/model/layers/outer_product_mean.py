@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from foldmill.model.token_rows import by_token_rows
+
 
 class OuterProductMean(nn.Module):
     """AF3 Algorithm 9 (MSA -> pair communication)."""
@@ -31,19 +33,10 @@ class OuterProductMean(nn.Module):
         m = self.norm(m)
         a = self.proj_a(m) * mask
         b = self.proj_b(m) * mask
-        if token_rows is None:
-            return self._project(a, b, mask, mask)
         tokens = m.shape[2]
-        parts = (
-            self._project(a[:, :, i : i + token_rows], b, mask[:, :, i : i + token_rows], mask)
-            for i in range(0, tokens, token_rows)
+        return by_token_rows(
+            lambda rows: self._project(a[:, :, rows], b, mask[:, :, rows], mask), tokens, token_rows or tokens
         )
-        first = next(parts)
-        out = first.new_empty(first.shape[0], tokens, tokens, first.shape[-1])
-        out[:, :token_rows] = first
-        for start, part in zip(range(token_rows, tokens, token_rows), parts):
-            out[:, start : start + token_rows] = part
-        return out
 
     def _project(self, a: Tensor, b: Tensor, mask_a: Tensor, mask_b: Tensor) -> Tensor:
         """The unchunked computation for the token rows of `a` (B, S, I, c) against all of `b` (B, S, N, c)."""
