@@ -5,8 +5,9 @@ forward(s_inputs (B, N, token_s), s (B, N, token_s), z (B, N, N, token_z),
         multiplicity=mult, run_sequentially=False) -> dict with, per sample (first dim B * mult):
   plddt_logits (N, 50), plddt (N,), resolved_logits (N, 2), pae / pde (N, N) in A (their
   (N, N, 64) logits too with return_pair_logits: 5 samples hold 2.5 GiB of them at 1,000 tokens),
-  complex_plddt, complex_iplddt, complex_pde, complex_ipde, complex_pae, complex_ipae, complex_pae_unweighted, complex_ipae_unweighted, ptm, iptm,
-  ligand_iptm, protein_iptm, confidence_score (scalars per sample), and chain-keyed dicts
+  complex_plddt, complex_iplddt, complex_pde, complex_ipde, complex_pae, complex_ipae,
+  complex_pae_unweighted, complex_ipae_unweighted, ptm, iptm, ligand_iptm, protein_iptm,
+  confidence_score (scalars per sample), and chain-keyed dicts
   {asym_id: (B * mult,)}: chains_pae, chains_pae_unweighted, chains_ptm; pair-chain dicts
   {asym_id: {asym_id: (B * mult,)}}: pair_chains_pae, pair_chains_pae_unweighted, pair_chains_iptm;
   plus s_conf / z_conf when return_latent_feats.
