@@ -15,7 +15,12 @@ from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
 from foldmill.model.layers.triangle_attention import TriangleAttention, triangle_attention_core
-from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
+from foldmill.model.layers.triangle_multiplication import (
+    TriangleMultiplicationIncoming,
+    TriangleMultiplicationOutgoing,
+    triangle_multiplicative_update,
+    triangle_multiplicative_update_by_rows,
+)
 from kernel_testing import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -105,6 +110,27 @@ def test_triangle_multiplication_backends(n, module_class):
         with kernels.kernel_policy(force={"triangle_multiplication": "cueq"}), torch.autocast("cuda", torch.bfloat16):
             out = module(x.bfloat16(), pair_mask)[:, : n - 3, : n - 3]
     assert relative_error(out.float(), expected) <= BF16_TOL
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_triangle_multiplication_by_rows_bf16(direction):
+    """The large-input path under bf16 autocast (edges and product in bf16, LayerNorms fp32), blocks of 24 rows."""
+    n = 200
+    module_class = TriangleMultiplicationOutgoing if direction == "outgoing" else TriangleMultiplicationIncoming
+    module = randomized(module_class(128), seed=3)
+    x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(4))
+    mask1d = token_mask(n, n - 3, n)
+    pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
+    weights = [
+        module.norm_in.weight, module.norm_in.bias, module.p_in.weight, module.g_in.weight,
+        module.norm_out.weight, module.norm_out.bias, module.p_out.weight, module.g_out.weight,
+    ]
+    with torch.no_grad():
+        expected = triangle_multiplicative_update(x, direction, pair_mask, *weights)[:, : n - 3, : n - 3]
+        with torch.autocast("cuda", torch.bfloat16):
+            out = triangle_multiplicative_update_by_rows(x, direction, pair_mask, *weights, rows=24)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out[:, : n - 3, : n - 3].float(), expected) <= BF16_TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

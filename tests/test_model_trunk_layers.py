@@ -7,7 +7,7 @@ import torch
 from test_model_trunk_support import assert_matches, complex_features, load_into, randomize_, token_masks
 
 from foldmill.model.contact_conditioning import ContactConditioning
-from foldmill.model.layers import triangle_attention
+from foldmill.model.layers import triangle_attention, triangle_multiplication
 from foldmill.model.heads import BFactorModule, DistogramModule
 from foldmill.model.layers import (
     AttentionPairBias,
@@ -66,7 +66,11 @@ def test_transition(chunk_size):
         (oss_trimul.TriangleMultiplicationIncoming, TriangleMultiplicationIncoming),
     ],
 )
-def test_triangle_multiplication(oss_cls, ours_cls):
+@pytest.mark.parametrize("row_blocks", [False, True])
+def test_triangle_multiplication(oss_cls, ours_cls, row_blocks, monkeypatch):
+    if row_blocks:  # the large-input path: edges by blocks of 4 rows, one matrix product per channel
+        monkeypatch.setattr(triangle_multiplication, "ROW_BLOCKED_TOKENS", 0)
+        monkeypatch.setattr(triangle_multiplication, "ROW_BLOCK_PAIRS", 4 * N)
     oss, ours = _pair_oracle(oss_cls(C_Z), ours_cls(C_Z))
     x = _pair(2)
     _, pair_mask = token_masks(B, N, PAD)

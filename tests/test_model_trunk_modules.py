@@ -137,3 +137,7 @@ def test_template_v2_module():
     _, z, _, pair_mask = _inputs(1, 15, 3, 8, 24, seed=28)
     feats = _template_features(15, 3, seed=29)
     assert_matches(ours(z, feats, pair_mask), oss(z, feats, pair_mask, use_kernels=False))
+
+    # Without a present template the update is exactly zero, whatever the weights: the trunk skips it.
+    feats["template_mask"] = torch.zeros_like(feats["template_mask"])
+    assert torch.equal(ours(z, feats, pair_mask), torch.zeros_like(z))

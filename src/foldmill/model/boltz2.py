@@ -155,23 +155,31 @@ class Boltz2(nn.Module):
         mask = feats["token_pad_mask"].float()
         pair_mask = mask[:, :, None] * mask[:, None, :]
         s = torch.zeros_like(s_init)
+        # Without a template (the featurizer's placeholder has an all-zero mask) the template module's
+        # update is exactly zero (a mean over no templates, projected without bias): skipped.
+        templates = self.config.use_templates and bool(feats["template_mask"].any())
         z: Tensor | None = None
         for _ in range(recycling_steps + 1):
             s = s_init + self.s_recycle(self.s_norm(s))
             # z_init (and the relative positions in it) is rebuilt for every pass, the same values each
             # time: kept, it and the encoding would hold two more pair tensors through every pass (27 GiB
             # at 6,000 tokens) for a rebuild that costs a few element-wise passes.
-            z_init = by_token_rows(z_init_rows, tokens, rows)
-            recycled = self.z_recycle(self.z_norm(torch.zeros_like(z_init) if z is None else z))
-            del z
-            z = accumulate(z_init, recycled)
-            del z_init, recycled
-            if self.config.use_templates:
-                z = z + self.template_module(z, feats, pair_mask)
-            z = z + self.msa_module(z, s_inputs, feats)
-            s, z = self.pairformer_module(s, z, mask=mask, pair_mask=pair_mask)
+            z = accumulate(by_token_rows(z_init_rows, tokens, rows), self._recycled_pair(z, s_init))
+            # z is the trunk's own from here: every update adds into its storage
+            if templates:
+                z = accumulate(z, self.template_module(z, feats, pair_mask))
+            # the MSA module returns its own refined z; the trunk's z is added into it
+            z = accumulate(self.msa_module(z, s_inputs, feats), z)
+            s, z = self.pairformer_module(s, z, mask=mask, pair_mask=pair_mask, in_place=True)
         assert z is not None  # recycling_steps >= 0: at least one pass
         return TrunkOutput(s_inputs, s, z, by_token_rows(relative_positions, tokens, rows))
+
+    def _recycled_pair(self, z: Tensor | None, like: Tensor) -> Tensor:
+        """z_recycle(z_norm(z)); on the first pass z is all zeros, whose LayerNorm is its bias in every
+        pair: one (token_z) row stands for the whole (B, N, N, token_z) tensor (broadcast when added)."""
+        if z is None:
+            z = like.new_zeros((1, 1, 1, self.config.token_z))
+        return self.z_recycle(self.z_norm(z))
 
     # Full inference
 

@@ -227,7 +227,7 @@ class ConfidenceModule(nn.Module):
 
         s, z = self._embed(s_inputs, s, z, rep_distances, feats, multiplicity)
         mask = feats["token_pad_mask"].repeat_interleave(multiplicity, 0)
-        s, z = self.pairformer_stack(s, z, mask, mask[:, :, None] * mask[:, None, :])
+        s, z = self.pairformer_stack(s, z, mask, mask[:, :, None] * mask[:, None, :], in_place=True)  # _embed's own z
 
         out: dict[str, Any] = {"s_conf": s, "z_conf": z} if self.return_latent_feats else {}
         out.update(self.confidence_heads(s, z, feats["asym_id"].repeat_interleave(multiplicity, 0)))

@@ -78,7 +78,7 @@ class FastSampler:
     ) -> Tensor:
         """AtomDiffusion.sample's result (B*M, N, 3) for the recipe's steps, samples and chunking;
         `step` runs one step (default: self.step, eagerly)."""
-        step = step or self.step
+        step = self.step if step is None else step  # (a GraphedCall holding no graph is falsy)
         run, coords = self.start(s_trunk, s_inputs, feats, conditioning, recipe, generator)
         index = torch.zeros(1, dtype=torch.long, device=coords.device)
         for block_start in range(0, recipe.sampling_steps, RANDOM_BLOCK_STEPS):

@@ -201,9 +201,12 @@ class GraphedPairformer(nn.Module):
         self.max_tokens = max_tokens
         self.graphs = GraphedCall(self.stack, per_call=(True, True, True, True), capacity=capacity)
 
-    def forward(self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor, in_place: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """in_place as PairformerModule's (replays always work on the graph's own copies)."""
         if not z.is_cuda or z.shape[1] > self.max_tokens:
-            return self.stack(s, z, mask, pair_mask)
+            return self.stack(s, z, mask, pair_mask, in_place)
         s, z = self.graphs(s, z, mask, pair_mask)
         return s.clone(), z.clone()
 

@@ -142,10 +142,13 @@ class PairformerModule(nn.Module):
             for _ in range(num_blocks)
         )
 
-    def forward(self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor, in_place: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """in_place: the input z is the caller's to overwrite (else the first block adds out of place)."""
         chunk_size = triangle_attention_chunk_size(z.shape[1])
-        for index, layer in enumerate(self.layers):  # the input z is the caller's; later ones are the stack's
-            s, z = layer(s, z, mask, pair_mask, chunk_size, in_place=index > 0)
+        for index, layer in enumerate(self.layers):
+            s, z = layer(s, z, mask, pair_mask, chunk_size, in_place=in_place or index > 0)
         return s, z
 
 
