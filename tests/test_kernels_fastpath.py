@@ -287,3 +287,19 @@ def test_bench_counts_a_modules_bytes_on_a_device_given_without_index():
     if torch.cuda.is_available():
         module.cuda()
         assert device_bytes(module, torch.device("cuda")) == device_bytes(module, torch.device("cuda", 0)) == 60
+
+
+def test_bench_contenders_share_a_checkpoints_weights(tmp_path):
+    """`foldmill bench forward --checkpoint`: foldmill's model and OSS's hold the file's weights, and its architecture."""
+    from foldmill.bench.forward import _Models
+
+    saved = demo_model(Boltz2Config.small(), seed=4).state_dict()
+    path = tmp_path / "weights.pt"
+    torch.save(saved, path)
+    models = _Models(Boltz2Config(), torch.device("cpu"), seed=0, checkpoint=str(path))
+    assert models.config.pairformer_blocks == Boltz2Config.small().pairformer_blocks  # read off the weights
+    ours = models.foldmill_model(with_oss_weights=True).state_dict()
+    assert all(torch.equal(ours[name], value) for name, value in saved.items())
+    pytest.importorskip("boltz")
+    oss = models.oss_model().state_dict()
+    assert all(torch.equal(oss[name], value) for name, value in saved.items())

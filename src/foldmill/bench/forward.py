@@ -1,7 +1,7 @@
 """`foldmill bench forward`: Boltz-2 model forward, OSS Boltz-2 (eager, torch.compile) vs foldmill's fast path.
 
-Same random weights for every contender (OSS's state_dict loaded strictly into foldmill's Boltz2)
-and the same feature dicts (foldmill.features on synthetic proteins, see foldmill.bench._inputs).
+The same weights for every contender (seeded random ones, OSS's state_dict loaded strictly into
+foldmill's Boltz2; or `--checkpoint`'s, the released ones say) and the same feature dicts (foldmill.features on synthetic proteins, see foldmill.bench._inputs).
 Per input and contender: one warm-up call, then one GPU-synchronised forward is timed (model
 forward only: features already on the GPU, outputs left there).
 
@@ -97,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--accuracy", default="first", help="input for the bf16-vs-fp32 check: first, NAME or none")
     parser.add_argument("--config", choices=("released", "small"), default="released", help="model architecture")
+    parser.add_argument(
+        "--checkpoint",
+        help="Boltz-2 weights (boltz2_conf.ckpt, a state_dict or .safetensors) for every contender, instead of seeded "
+        "random ones; the architecture is then the checkpoint's (--config is ignored). With trained weights the "
+        "bf16-vs-fp32 check measures rounding, not the chaos of a random network",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -374,21 +380,32 @@ def plot_speedups(payload: dict[str, Any], path: Path) -> None:
 
 @dataclasses.dataclass
 class _Models:
+    """The contenders' models, built on first use with the same weights: a checkpoint's, else seeded random ones."""
+
     config: Boltz2Config
     device: torch.device
     seed: int
+    checkpoint: str | None = None
     oss: Any = None
     ours: Boltz2 | None = None
     compiled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.checkpoint is not None:
+            self.ours = Boltz2.from_checkpoint(self.checkpoint).eval()
+            self.config = self.ours.config
 
     def oss_model(self) -> Any:
         if self.oss is None:
             from foldmill.bench._oss_reference import oss_boltz2
 
             try:
-                self.oss = oss_boltz2(self.config, self.seed, self.device, use_kernels=self.device.type == "cuda")
+                oss = oss_boltz2(self.config, self.seed, self.device, use_kernels=self.device.type == "cuda")
             except ImportError as error:
                 raise FoldmillError(f"OSS Boltz-2 (boltz-community) is not importable: {error}") from error
+            if self.ours is not None and self.checkpoint is not None:  # the checkpoint's names are OSS's own
+                oss.load_state_dict(self.ours.state_dict(), strict=True)
+            self.oss = oss
         return self.oss
 
     def foldmill_model(self, with_oss_weights: bool) -> Boltz2:
@@ -432,14 +449,15 @@ def run(args: argparse.Namespace) -> int:
     warm_recipe = None if args.warmup == "none" else recipe
     if args.warmup == "short":
         warm_recipe = dataclasses.replace(recipe, recycling_steps=0, sampling_steps=2)
-    models = _Models(config, device, args.seed)
+    models = _Models(config, device, args.seed, args.checkpoint)
     uses_oss = any(c.startswith("oss") for c in contenders)
     on_cuda = device.type == "cuda"
     started = time.perf_counter()
     payload: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if on_cuda else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "config": args.config,
+        "config": args.config if args.checkpoint is None else "checkpoint",
+        "weights": dict(models.ours.provenance) if args.checkpoint else {"model": "random", "seed": args.seed},
         "recipe": dataclasses.asdict(recipe),
         "warmup": args.warmup,
         "rows": [],
