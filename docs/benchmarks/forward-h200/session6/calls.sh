@@ -49,4 +49,21 @@ oss() {
   echo "oss rc=$?"; tail -8 $OUT/oss.log
 }
 
+# Not run this session (no device time left): foldmill bench throughput with OSS, as session 5's r2.
+# Needs the whole stream, Ray and biotite included (foldmill's featurizer reads biotite's CCD; this
+# session's stream left biotite out), so `scripts/device/unpack.sh` installs everything.
+throughput() {
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  mkdir -p /tmp/boltz_cache && cp -r /tmp/stage/.carry/mols /tmp/boltz_cache/
+  echo x > /tmp/boltz_cache/boltz2_conf.ckpt && echo x > /tmp/boltz_cache/boltz2_aff.ckpt  # never read: --checkpoint
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 1 > $OUT/gpu_util.csv &
+  timeout $((${TP_BUDGET:-480} + 40)) python3 -m foldmill bench throughput -o $OUT/tp --work-dir /tmp/tp-work --device cuda \
+    --model demo-full --targets 1000 --seed 0 --min-length 200 --max-length 2800 --msa-depth 2048 --sample ${TP_SAMPLE:-6} \
+    --sample-max-length ${TP_CAP:-1200} --recycling-steps 3 --sampling-steps 200 --diffusion-samples 5 \
+    --max-parallel-samples 5 --cpu-workers 6 --queue-depth 4 --object-store-mb 8192 --oss --boltz-cache /tmp/boltz_cache \
+    --time-budget ${TP_BUDGET:-480} > $OUT/bench.log 2>&1
+  echo "throughput rc=$?"; tail -25 $OUT/bench.log
+  kill %1
+}
+
 "$@"
