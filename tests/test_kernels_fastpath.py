@@ -181,6 +181,13 @@ def test_compute_dtype_layer_norm_matches_fp32_norm_rounded_once():
     assert torch.equal(from_fp32, expected.bfloat16())  # fp32 statistics, one rounding of the output
     torch.testing.assert_close(from_bf16.float(), norm(x.bfloat16().float()), rtol=1e-2, atol=2e-2)
     assert torch.equal(norm(x), expected)  # outside autocast: the plain fp32 LayerNorm
+    # The op itself takes fp32 weights for a compute-dtype input too (cast to it), as the row-blocked
+    # triangle multiplication passes them: the same result as weights cast beforehand.
+    from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast_inside = layer_norm_in_compute_dtype(x.bfloat16(), norm.weight, norm.bias, norm.eps)
+    assert torch.equal(cast_inside, from_bf16)
 
 
 @pytest.mark.parametrize("residual", ["fp32", "bf16"])
@@ -290,7 +297,7 @@ def test_bench_counts_a_modules_bytes_on_a_device_given_without_index():
 
 
 def test_bench_contenders_share_a_checkpoints_weights(tmp_path):
-    """`foldmill bench forward --checkpoint`: foldmill's model and OSS's hold the file's weights, and its architecture."""
+    """`foldmill bench forward --checkpoint`: foldmill's model and OSS's hold the file's weights and architecture."""
     from foldmill.bench.forward import _Models
 
     saved = demo_model(Boltz2Config.small(), seed=4).state_dict()

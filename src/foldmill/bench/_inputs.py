@@ -108,11 +108,9 @@ def get_features(item: BenchInput, directory: Path | None, device: str | torch.d
     from foldmill.model.fastpath import TRAINING_ONLY_FEATURES
 
     path = feature_path(directory, item) if directory is not None else None
-    if path is not None and path.is_file():
-        features = load_features(path)
-    else:
-        features = featurize_input(item)
-        features = {name: value for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}
-        if path is not None:  # without the training-only ones (64 of the 81 MB compressed at 6,000 tokens)
-            save_features(path, features)
-    return {name: value.to(device) for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}
+    stored = path is not None and path.is_file()
+    features = load_features(path) if stored else featurize_input(item)
+    features = {name: value for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}
+    if path is not None and not stored:  # without the training-only ones (64 of the 81 MB compressed at 6,000 tokens)
+        save_features(path, features)
+    return {name: value.to(device) for name, value in features.items()}

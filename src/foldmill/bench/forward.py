@@ -1,7 +1,8 @@
 """`foldmill bench forward`: Boltz-2 model forward, OSS Boltz-2 (eager, torch.compile) vs foldmill's fast path.
 
 The same weights for every contender (seeded random ones, OSS's state_dict loaded strictly into
-foldmill's Boltz2; or `--checkpoint`'s, the released ones say) and the same feature dicts (foldmill.features on synthetic proteins, see foldmill.bench._inputs).
+foldmill's Boltz2; or `--checkpoint`'s, the released ones say) and the same feature dicts
+(foldmill.features on synthetic proteins, see foldmill.bench._inputs).
 Per input and contender: one warm-up call, then one GPU-synchronised forward is timed (model
 forward only: features already on the GPU, outputs left there).
 
@@ -404,8 +405,8 @@ class _Models:
                 oss = oss_boltz2(self.config, self.seed, self.device, use_kernels=self.device.type == "cuda")
             except ImportError as error:
                 raise FoldmillError(f"OSS Boltz-2 (boltz-community) is not importable: {error}") from error
-            if self.ours is not None and self.checkpoint is not None:  # the checkpoint's names are OSS's own
-                oss.load_state_dict(self.ours.state_dict(), strict=True)
+            if self.checkpoint is not None:  # loaded into `ours` at construction; its names are OSS's own
+                oss.load_state_dict(self.foldmill_model(with_oss_weights=False).state_dict(), strict=True)
             self.oss = oss
         return self.oss
 

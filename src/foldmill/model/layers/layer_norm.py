@@ -18,10 +18,12 @@ def layer_norm_in_compute_dtype(x: Tensor, weight: Tensor | None, bias: Tensor |
     """LayerNorm over the last axis, fp32 statistics, result in the compute dtype.
 
     An input already in the compute dtype is normalised by CUDA's kernel in that dtype (it
-    accumulates in fp32; `weight`/`bias` must then have x's dtype), otherwise in fp32 and rounded once.
+    accumulates in fp32; `weight`/`bias` are cast to x's dtype where they differ: callers on a hot
+    path pass them cast once), otherwise in fp32 and rounded once.
     """
     out_dtype = compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         if x.dtype == out_dtype:
+            weight, bias = (None if p is None else p.to(x.dtype) for p in (weight, bias))
             return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
         return F.layer_norm(x.float(), x.shape[-1:], weight, bias, eps).to(out_dtype)

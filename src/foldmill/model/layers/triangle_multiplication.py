@@ -103,9 +103,7 @@ def triangle_multiplicative_update_by_rows(
     b_t = torch.empty_like(a_rows)
     in_weight = torch.cat([p_in_weight, g_in_weight])
 
-    def layer_norm(y: Tensor, weight: Tensor, bias: Tensor) -> Tensor:  # weights in y's dtype when it computes in it
-        if y.dtype == dtype:
-            weight, bias = weight.to(dtype), bias.to(dtype)
+    def layer_norm(y: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, y, weight, bias, eps)
 
     def normed_rows(block: slice) -> Tensor:
