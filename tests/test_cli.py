@@ -65,3 +65,11 @@ def test_subcommand_with_missing_dependency_says_so(tmp_path, monkeypatch) -> No
     assert ignored == ["--device", "cuda"] and args.accepts_any_arguments
     with pytest.raises(FoldmillError, match="needs the Python package 'foldmill_absent_dependency'"):
         args.handler(args)
+
+
+def test_bench_checkpoint_that_is_not_weights_is_one_line(tmp_path) -> None:
+    junk = tmp_path / "weights.ckpt"
+    junk.write_text("not weights")
+    done = run_foldmill("bench", "forward", "--device", "cpu", "--checkpoint", str(junk), "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"foldmill: error: {junk}: ") and done.stderr.count("\n") == 1, done.stderr
