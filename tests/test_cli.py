@@ -73,3 +73,9 @@ def test_bench_checkpoint_that_is_not_weights_is_one_line(tmp_path) -> None:
     done = run_foldmill("bench", "forward", "--device", "cpu", "--checkpoint", str(junk), "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert done.stderr.startswith(f"foldmill: error: {junk}: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_bench_throughput_side_without_oss_is_one_line(tmp_path) -> None:
+    done = run_foldmill("bench", "throughput", "--device", "cpu", "--side", "oss", "--targets", "2", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == "foldmill: error: --side splits the comparison with OSS: it needs --oss\n", done.stderr

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from foldmill.bench.throughput import (
-    check_boltz_cache, idle_between_targets, oss_command, oss_timeline, sample_targets, synthetic_worklist, timeline,
-    write_inputs,
+    check_boltz_cache, earlier_foldmill_row, idle_between_targets, oss_command, oss_timeline, sample_targets,
+    synthetic_worklist, timeline, write_inputs, write_report,
 )  # fmt: skip
 from foldmill.errors import FoldmillError
 from foldmill.executor.records import Journal, TargetRecord, journal_path
@@ -39,6 +39,40 @@ def test_fixed_worklist_is_seeded_two_chain_and_in_range() -> None:
     assert set(t.target_id for t in sample_targets(first, 3, seed=7, max_length=1000)) <= set(t.target_id for t in capped)
     with pytest.raises(FoldmillError, match="at most 150 residues"):
         sample_targets(first, 3, seed=7, max_length=150)
+
+
+def test_stratified_sample_takes_one_target_per_length_stratum() -> None:
+    worklist = synthetic_worklist(300, seed=0, min_length=200, max_length=2800)
+    sample = sample_targets(worklist, 4, seed=0, stratified=True)
+    assert sample == sample_targets(worklist, 4, seed=0, stratified=True)
+    lengths = [t.residues for t in worklist]
+    low, width = min(lengths), (max(lengths) + 1 - min(lengths)) / 4
+    strata = sorted(int((t.residues - low) // width) for t in sample)
+    assert strata == [0, 1, 2, 3]  # one per quarter of the range
+    # Each is the first target of the seeded shuffle in its stratum: the plain sample's order.
+    shuffled = sample_targets(worklist, 0, seed=0)
+    order = {t.target_id: i for i, t in enumerate(np.array(worklist, dtype=object)[np.random.default_rng(1).permutation(300)])}
+    for target in sample:
+        stratum = int((target.residues - low) // width)
+        rivals = [t for t in shuffled if int((t.residues - low) // width) == stratum]
+        assert order[target.target_id] == min(order[t.target_id] for t in rivals)
+    capped = sample_targets(worklist, 3, seed=0, max_length=1000, stratified=True)
+    assert len(capped) == 3 and all(t.residues <= 1000 for t in capped)
+
+
+def test_a_split_comparison_reads_the_earlier_foldmill_row(tmp_path: Path) -> None:
+    """`--side oss` after `--side foldmill` with the same --out: the foldmill row comes from its table."""
+    assert earlier_foldmill_row(tmp_path) == []
+    args = argparse.Namespace(recycling_steps=3, sampling_steps=200, diffusion_samples=5, sample_max_length=0,
+                              stratified=True, targets=10, min_length=200, max_length=2800, seed=0, msa_depth=8,
+                              model="demo-full", device="cuda")  # fmt: skip
+    row = {"system": "foldmill", "targets": 2, "written": 2, "residues": 900, "wall_s": 30.0, "gpus": 1,
+           "residues_per_gpu_hour": 108000.0}  # fmt: skip
+    sample = synthetic_worklist(2, seed=0, min_length=400, max_length=500)
+    write_report(tmp_path, args, [row], "summary", sample)
+    assert "one per length stratum" in (tmp_path / "throughput.md").read_text()
+    (earlier,) = earlier_foldmill_row(tmp_path)
+    assert earlier["residues"] == 900 and earlier["residues_per_gpu_hour"] == 108000.0 and "ratio_vs_oss" not in earlier
 
 
 def test_inputs_are_boltz_yaml_with_msas_of_the_requested_depth(tmp_path: Path) -> None:

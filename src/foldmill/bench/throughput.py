@@ -6,7 +6,8 @@ chain (A3M files), written as Boltz YAML inputs. A seeded `--sample` of it is wh
 with the anchor recipe (3 recycles, 200 sampling steps, 5 diffusion samples by default). The sample
 is the first --sample targets of a seeded shuffle of the worklist, optionally only among those of
 at most --sample-max-length residues (the worklist itself keeps its range; the cap only fits the
-sample to the GPU time at hand):
+sample to the GPU time at hand); with --stratified, the first target of that shuffle in each of
+--sample equal-width length strata instead, so that a few targets span the whole range:
   foldmill  worklist -> featurize -> fold -> written outputs, timed from reading the YAML files to
             the last written target (Ray and model start-up included);
   oss       `boltz predict` on the same YAML directory (with --oss, when `boltz` is importable). It
@@ -19,7 +20,9 @@ reports replica busy time and the idle gaps between targets; timeline.tsv has ev
 featurize, fold (start/end on its replica) and write times, oss_timeline.tsv when each OSS target
 was written. foldmill runs first; OSS gets what is left of --time-budget (when set) and, stopped at
 it, is measured up to its last written target. throughput.tsv is rewritten (atomically) as each
-side finishes, so a run killed from outside still leaves the rows finished so far.
+side finishes, so a run killed from outside still leaves the rows finished so far. `--side foldmill`
+then `--side oss` (same arguments and --out) split the comparison over two invocations, say two
+device calls of limited length: the second adds its row (and the ratio) beside the first's.
 
 --batching measures cross-target batching before the executor uses it: for each length in
 --batch-lengths, --batch-size targets folded one after another vs stacked into one forward of the
@@ -99,6 +102,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sample", type=int, default=0, help="targets of the worklist both sides fold (0 = all)")
     parser.add_argument("--sample-max-length", type=int, default=0,
                         help="sample only among targets of at most this many residues (0 = no cap)")
+    parser.add_argument("--stratified", action="store_true",
+                        help="sample one target per equal-width length stratum (--sample strata) instead of the first ones")
     parser.add_argument("--seed", type=int, default=0, help="seed of lengths, sequences, MSAs and the sample")
     parser.add_argument("--min-length", type=int, default=200, help="shortest combined length of a target")
     parser.add_argument("--max-length", type=int, default=2800, help="longest combined length of a target")
@@ -119,6 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds for the whole command; OSS is stopped when it runs out (0 = no limit)")
     parser.add_argument("--work-dir", type=Path, help="inputs, runs and the exported checkpoint (default: OUT)")
     parser.add_argument("--oss", action="store_true", help="also run `boltz predict` on the same sample")
+    parser.add_argument("--side", choices=("both", "foldmill", "oss"), default="both",
+                        help="with --oss, run only one side (same sample, inputs and weights), to split the comparison "
+                        "over two invocations with the same --out: the second adds its row beside the first's")
     parser.add_argument("--boltz-cache", type=Path, help="Boltz cache with mols/ (for --oss)")
     parser.add_argument("--plan-only", action="store_true", help="no model: planning and queueing only")
     parser.add_argument("--batching", action="store_true", help="only measure batched vs one-by-one forwards")
@@ -143,15 +151,26 @@ def synthetic_worklist(count: int, seed: int, min_length: int, max_length: int) 
     return targets
 
 
-def sample_targets(targets: list[SyntheticTarget], size: int, seed: int, max_length: int = 0) -> list[SyntheticTarget]:
+def sample_targets(
+    targets: list[SyntheticTarget], size: int, seed: int, max_length: int = 0, stratified: bool = False
+) -> list[SyntheticTarget]:
     """The first `size` targets of a seeded shuffle (among those of at most `max_length` residues when
-    set), in worklist order; size 0 = every eligible target."""
+    set), in worklist order; size 0 = every eligible target. `stratified`: instead the first target of
+    that shuffle in each of `size` equal-width length strata of the eligible targets, so a small sample
+    spans the whole range (a short one can draw mostly small or mostly large targets)."""
     order = np.random.default_rng(seed + 1).permutation(len(targets))
     chosen = [int(i) for i in order if not max_length or targets[i].residues <= max_length]
-    if size > 0:
-        chosen = chosen[:size]
     if not chosen:
         raise FoldmillError(f"no target of the worklist has at most {max_length} residues (--sample-max-length)")
+    if stratified and size > 0:
+        lengths = [targets[i].residues for i in chosen]
+        low, high = min(lengths), max(lengths) + 1
+        strata: dict[int, int] = {}
+        for index, length in zip(chosen, lengths):
+            strata.setdefault((length - low) * size // (high - low), index)
+        chosen = list(strata.values())
+    elif size > 0:
+        chosen = chosen[:size]
     return [targets[i] for i in sorted(chosen)]
 
 
@@ -472,38 +491,47 @@ def run(args: argparse.Namespace) -> int:
         return 0
     work = (args.work_dir or out).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if args.side != "both" and not args.oss:
+        raise FoldmillError("--side splits the comparison with OSS: it needs --oss")
+    run_foldmill_side = args.side in ("both", "foldmill")
+    run_oss_side = args.oss and args.side in ("both", "oss")
     checkpoint = None
     if args.oss:
         if importlib.util.find_spec("boltz") is None:
             raise FoldmillError("--oss needs OSS Boltz-2 (`boltz`) importable in this environment")
         if args.model == "demo":
             raise FoldmillError("--oss needs the released architecture (--model demo-full or a checkpoint); OSS fixes some widths")
-        args.boltz_cache = check_boltz_cache(args.boltz_cache).resolve()
+        if run_oss_side:
+            args.boltz_cache = check_boltz_cache(args.boltz_cache).resolve()
         architecture = demo_architecture(args.model)
         checkpoint = export_demo_checkpoint(architecture, work / f"{args.model}.ckpt") if architecture else Path(args.model)
-    sample = sample_targets(worklist, args.sample, args.seed, args.sample_max_length)
+    sample = sample_targets(worklist, args.sample, args.seed, args.sample_max_length, args.stratified)
     inputs = write_inputs(sample, work / "inputs", args.msa_depth, args.seed)
     lengths = sorted(t.residues for t in sample)
     log.info("sample: %d of %d targets, %d residues (%s)", len(sample), len(worklist), sum(lengths), lengths)
-    shutil.rmtree(work / "runs", ignore_errors=True)  # a rerun folds everything again, never resumes
-    executor = executor_settings_for(args)
     rows: list[dict[str, object]] = []
     summary = "the foldmill side failed: see the log above"
-    try:
-        result, wall = run_foldmill(inputs, work / "runs" / "foldmill", model_settings_for(args, checkpoint), executor)
-        frame = timeline(work / "runs" / "foldmill" / "fold" / "fold.tsv")
-        with atomic_path(out / "timeline.tsv") as tmp:
-            frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
-        rows.append(foldmill_row(result, wall, frame, len(sample)))
-        summary = result.summary
-    except Exception:  # noqa: BLE001 - the OSS side is still worth measuring in the same (scarce) GPU session
-        log.exception("the foldmill side failed")
+    if run_foldmill_side:
+        shutil.rmtree(work / "runs" / "foldmill", ignore_errors=True)  # a rerun folds everything again, never resumes
+        try:
+            model, executor = model_settings_for(args, checkpoint), executor_settings_for(args)
+            result, wall = run_foldmill(inputs, work / "runs" / "foldmill", model, executor)
+            frame = timeline(work / "runs" / "foldmill" / "fold" / "fold.tsv")
+            with atomic_path(out / "timeline.tsv") as tmp:
+                frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
+            rows.append(foldmill_row(result, wall, frame, len(sample)))
+            summary = result.summary
+        except Exception:  # noqa: BLE001 - the OSS side is still worth measuring in the same (scarce) GPU session
+            log.exception("the foldmill side failed")
+    else:
+        rows, summary = earlier_foldmill_row(out), "the foldmill side ran in an earlier invocation (--side foldmill)"
     report = write_report(out, args, rows, summary, sample)
-    if checkpoint is not None:
+    if run_oss_side:
+        shutil.rmtree(work / "runs" / "oss", ignore_errors=True)
         timeout = None
         if args.time_budget:
             timeout = max(1.0, args.time_budget - (time.monotonic() - started))
-        gpus = max(1, executor.gpus)
+        gpus = max(1, executor_settings_for(args).gpus)
         oss_row, oss_frame = run_oss(inputs, work / "runs" / "oss", args, checkpoint, sample, gpus, timeout, out / "oss.log")
         with atomic_path(out / "oss_timeline.tsv") as tmp:
             oss_frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
@@ -512,7 +540,19 @@ def run(args: argparse.Namespace) -> int:
         rows.append(oss_row)
         report = write_report(out, args, rows, summary, sample)
     print(report)
+    if not run_foldmill_side:
+        return 0 if rows and rows[-1]["system"] == "oss-boltz2" and rows[-1]["written"] else 1
     return 0 if rows and rows[0]["system"] == "foldmill" else 1
+
+
+def earlier_foldmill_row(out: Path) -> list[dict[str, object]]:
+    """The foldmill row an earlier `--side foldmill` invocation left in OUT/throughput.tsv (none if absent)."""
+    table = out / "throughput.tsv"
+    if not table.exists():
+        log.warning("%s has no foldmill row yet: run --side foldmill with the same --out first for the ratio", table)
+        return []
+    frame = pd.read_csv(table, sep="\t")
+    return frame[frame["system"] == "foldmill"].drop(columns="ratio_vs_oss").to_dict("records")
 
 
 def write_report(
@@ -530,6 +570,7 @@ def write_report(
 def report_text(args: argparse.Namespace, table: pd.DataFrame, summary: str, sample: list[SyntheticTarget]) -> str:
     recipe = f"{args.recycling_steps} recycles, {args.sampling_steps} steps, {args.diffusion_samples} samples"
     cap = f" of at most {args.sample_max_length} residues" if args.sample_max_length else ""
+    cap += ", one per length stratum" if args.stratified else ""
     lengths = ", ".join(str(t.residues) for t in sorted(sample, key=lambda t: t.residues))
     return "\n".join([
         "# foldmill bench throughput",

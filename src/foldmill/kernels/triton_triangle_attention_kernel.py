@@ -4,10 +4,14 @@ Flash attention with the triangle bias. One program takes BLOCK_M queries of one
 for a pair of rows i (the bias is the same for every row, so each bias tile is loaded and
 converted once for both) and walks the keys in BLOCK_N blocks. Per row and key block:
 
-    logits = (scale * q) k^T + bias tile + key bias    fp32, all on the tensor cores: the bias tile
-                                                       is the product's initial accumulator, the
-                                                       key bias a rank-1 product ones @ [key bias; 0]
+    logits = (scale * q) k^T + bias tile + key bias    fp32: the bias tile is the product's initial
+                                                       accumulator, the key bias a broadcast add
     online softmax in fp32 (running max and sum, exp2); acc += p v, p rounded to the compute dtype
+
+Both rows' logits products are issued before either row's softmax, so the tensor cores work on
+the second while the ALUs take the first. Measured on the H200 (session 7, `attention_variants.py`),
+the broadcast add and this order together were 6.5-7.4% faster at 1,024-2,560 tokens than a rank-1
+tensor-core product for the key bias and row-by-row order.
 
 The key bias (0 for valid keys, MASK_LOGIT for masked and padding keys, one row per (batch, row
 i)) is built by the launcher, so no per-logit select is needed; keys past the end are masked by
@@ -42,7 +46,6 @@ MASK_LOGIT = -1e9
 # step's prefetch; the padding is masked.
 KEY_PADDING = 128
 LOG2E = tl.constexpr(1.4426950408889634)
-RANK1_WIDTH = tl.constexpr(16)  # smallest tensor-core reduction width: the key-bias product's inner size
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,14 @@ class BlockConfig:
 
 
 # sm_90 candidates (Triton 3.6, ptxas for sm_90a), the default first. Head dims 16/32, measured on the
-# H200 with the fused gate (1 x N rows x 4 heads x 32, session 6): 64 x 64 tiles at 4 warps and 3 stages
-# were fastest at 1,024 tokens (4.48 ms; 128 x 128 at 2 stages 4.52, at 3 stages 4.55; 128 x 64 4.78)
-# and at 1,700 (19.4 ms against 22.3, 22.5 and 23.7). The two that never won are not candidates:
-# each costs ~1 s of compilation in every new process. 128 x 128 tiles (two warpgroups of 64 queries)
-# read the fewest key/value and bias bytes per logit from L2 (255 registers, at most 36 bytes
-# spilled at 2 stages; 147 KB shared memory). Head dim 64: 128 x 128 tiles spill hundreds of bytes
-# (and need 256 KB of shared memory at 3 stages), so only the narrower tiles.
-NARROW_CONFIGS = (BlockConfig(64, 64, 4, 3), BlockConfig(128, 128, 8, 2))
+# H200 with the fused gate (1 x N rows x 4 heads x 32): with the broadcast key bias (session 7), 64 x 64
+# tiles at 4 warps and 3 stages took 4.29 / 18.9 / 59.2 ms at 1,024 / 1,700 / 2,560 tokens, 128 x 128 at
+# 8 warps 6.70 / 37.8 / 101 ms; before it (rank-1 key bias, session 6) 64 x 64 also won, against
+# 128 x 128 at 2 and 3 stages and 128 x 64. So one candidate: no autotuning, whose every extra
+# candidate costs ~1 s of compilation in each new process (every Slurm job's replica). Head dim 64
+# (not a Boltz-2 width): 128 x 128 tiles spill and need 256 KB of shared memory at 3 stages, so only
+# the narrower tiles; not re-measured with the broadcast key bias.
+NARROW_CONFIGS = (BlockConfig(64, 64, 4, 3),)
 WIDE_CONFIGS = (BlockConfig(128, 64, 8, 2), BlockConfig(128, 64, 8, 3), BlockConfig(64, 64, 4, 3))
 NARROW_HEAD_DIM = 32
 
@@ -74,18 +77,21 @@ def candidates(head_dim: int) -> tuple[BlockConfig, ...]:
 
 
 @triton.jit
-def _attend_key_block(
-    q,
-    k_row,
-    k_stride_j,
+def _logits(q, k_row, k_stride_j, key_bias, key, key_ok, dim, bias, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One row's logits for one key block: (scale * q) k^T + bias tile + key bias, fp32."""
+    k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
+    logits = tl.dot(q, dot_operand(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
+    return logits + key_bias.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _softmax_update(
+    logits,
     v_row,
     v_stride_j,
-    key_bias,
     key,
     key_ok,
     dim,
-    ones,
-    bias,
     running_max,
     running_sum,
     acc,
@@ -93,14 +99,7 @@ def _attend_key_block(
     DOT_PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
-    """One key block of one row: the logits, the online-softmax update, acc += p v."""
-    k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
-    logits = tl.dot(q, dot_operand(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
-    # ones @ [key bias; zero rows] adds the key bias to every query's logits.
-    first_row = tl.arange(0, RANK1_WIDTH)[:, None] == 0
-    key_bias = tl.where(first_row, dot_operand(key_bias, EMULATE_BF16)[None, :], 0.0)
-    logits = tl.dot(ones, key_bias, logits, input_precision=DOT_PRECISION)
-
+    """The online-softmax update of one row by one key block's logits; acc += p v."""
     new_max = tl.maximum(running_max, tl.max(logits, axis=1))
     new_max_log2 = new_max * LOG2E
     # Exponents are <= 0 by construction; the clamp keeps them so when the compiler contracts
@@ -216,7 +215,6 @@ def _attention_kernel(
     v_head = v_ptr + batch * v_stride_b + head * v_stride_h
     key_bias_row0 = key_bias_ptr + batch * key_bias_stride_b + row0 * key_bias_stride_i
     key_bias_row1 = key_bias_ptr + batch * key_bias_stride_b + row1 * key_bias_stride_i
-    ones = rounded(tl.full((BLOCK_M, RANK1_WIDTH), 1.0, tl.float32), dtype, EMULATE_BF16)
     # Queries past the end read the last query's bias row (in bounds; their output is not stored).
     last_query = tl.minimum(query, queries - 1)
     bias_rows = bias_ptr + batch * bias_stride_b + head * bias_stride_h + last_query[:, None] * bias_stride_q
@@ -237,43 +235,15 @@ def _attention_kernel(
         next_key_bias0 = tl.load(key_bias_row0 + next_key)
         next_key_bias1 = tl.load(key_bias_row1 + next_key)
         bias_f32 = bias.to(tl.float32)
-        max0, sum0, acc0 = _attend_key_block(
-            q0,
-            k_head + row0 * k_stride_i,
-            k_stride_j,
-            v_head + row0 * v_stride_i,
-            v_stride_j,
-            key_bias0,
-            key,
-            key_ok,
-            dim,
-            ones,
-            bias_f32,
-            max0,
-            sum0,
-            acc0,
-            dtype,
-            DOT_PRECISION,
-            EMULATE_BF16,
+        k_row0, k_row1 = k_head + row0 * k_stride_i, k_head + row1 * k_stride_i
+        logits0 = _logits(q0, k_row0, k_stride_j, key_bias0, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
+        logits1 = _logits(q1, k_row1, k_stride_j, key_bias1, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
+        v_row0, v_row1 = v_head + row0 * v_stride_i, v_head + row1 * v_stride_i
+        max0, sum0, acc0 = _softmax_update(
+            logits0, v_row0, v_stride_j, key, key_ok, dim, max0, sum0, acc0, dtype, DOT_PRECISION, EMULATE_BF16
         )
-        max1, sum1, acc1 = _attend_key_block(
-            q1,
-            k_head + row1 * k_stride_i,
-            k_stride_j,
-            v_head + row1 * v_stride_i,
-            v_stride_j,
-            key_bias1,
-            key,
-            key_ok,
-            dim,
-            ones,
-            bias_f32,
-            max1,
-            sum1,
-            acc1,
-            dtype,
-            DOT_PRECISION,
-            EMULATE_BF16,
+        max1, sum1, acc1 = _softmax_update(
+            logits1, v_row1, v_stride_j, key, key_ok, dim, max1, sum1, acc1, dtype, DOT_PRECISION, EMULATE_BF16
         )
         bias = next_bias
         key_bias0 = next_key_bias0
