@@ -43,3 +43,17 @@ def run_interpreted(test_file: str, cases: list[dict[str, Any]], directory: Path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(outputs_path, weights_only=True)
+
+
+def patch_interpreter_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter turns loop bounds read from kernel arguments into int(1-element array),
+    which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream): convert the element instead."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched

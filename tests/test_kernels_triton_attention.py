@@ -23,7 +23,7 @@ import torch
 
 from foldmill.kernels import triton_support, triton_triangle_attention
 from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
-from kernel_testing import HAS_TRITON, relative_error, run_interpreted
+from kernel_testing import HAS_TRITON, patch_interpreter_for_numpy_2_4, relative_error, run_interpreted
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
@@ -195,23 +195,9 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, gated, config, compiled.metadata.shared)
 
 
-def _patch_interpreter_for_numpy_2_4() -> None:
-    """Triton 3.6's interpreter turns loop bounds read from kernel arguments into int(1-element array),
-    which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream): convert the element instead."""
-    from triton.runtime import interpreter
-
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope) -> None:
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    _patch_interpreter_for_numpy_2_4()
+    patch_interpreter_for_numpy_2_4()
     from foldmill.kernels.triton_triangle_attention_kernel import BlockConfig, flash_triangle_attention
 
     outputs = {}

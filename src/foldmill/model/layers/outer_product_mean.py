@@ -3,14 +3,39 @@
 For every token pair (i, j), average over the unmasked MSA rows of the outer product of
 two low-rank projections a_si (x) b_sj, flatten (c_hidden^2) and project to c_out.
 Parameter names (norm, proj_a, proj_b, proj_o) match the Boltz-2 checkpoint.
+
+`outer_product_mean_update` (the part after the projections a and b) is the reference of the
+"outer_product_mean" op of foldmill.kernels, which a fused kernel replaces on the GPU.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
+from foldmill import kernels
 from foldmill.model.token_rows import by_token_rows
+
+
+def outer_product_mean_update(
+    a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
+) -> Tensor:
+    """a, b: (B, S, N, c) masked projections, mask: (B, S, N) -> (B, N, N, c_out) =
+    (mean over the rows s unmasked at both i and j of a_si (x) b_sj, flattened) W^T + bias.
+
+    token_rows computes `token_rows` rows i at a time, which bounds the (rows, N, c^2) outer product
+    at any N (rows are independent: the same values; Boltz-2 bounds it by chunks of a's channels
+    instead, which changes only the summation order of the output projection)."""
+    mask = mask.unsqueeze(-1).to(a)
+
+    def project(rows: slice) -> Tensor:
+        row_count = (mask[:, :, rows, None] * mask[:, :, None, :]).sum(1).clamp(min=1)
+        outer = torch.einsum("bsic,bsjd->bijcd", a[:, :, rows].float(), b.float())
+        return F.linear((outer.reshape(*outer.shape[:3], -1) / row_count).to(a), weight, bias)
+
+    tokens = a.shape[2]
+    return by_token_rows(project, tokens, token_rows or tokens)
 
 
 class OuterProductMean(nn.Module):
@@ -25,21 +50,11 @@ class OuterProductMean(nn.Module):
         self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)
 
     def forward(self, m: Tensor, mask: Tensor, token_rows: int | None = None) -> Tensor:
-        """m: (B, S, N, c_in), mask: (B, S, N). token_rows computes the pair update `token_rows` rows i
-        at a time, which bounds the (rows, N, c_hidden^2) outer product at any N (rows are independent:
-        the same values; Boltz-2 bounds it by chunks of a's channels instead, which changes only the
-        summation order of the output projection)."""
-        mask = mask.unsqueeze(-1).to(m)
+        """m: (B, S, N, c_in), mask: (B, S, N); token_rows: see outer_product_mean_update."""
+        valid = mask.unsqueeze(-1).to(m)
         m = self.norm(m)
-        a = self.proj_a(m) * mask
-        b = self.proj_b(m) * mask
-        tokens = m.shape[2]
-        return by_token_rows(
-            lambda rows: self._project(a[:, :, rows], b, mask[:, :, rows], mask), tokens, token_rows or tokens
+        a = self.proj_a(m) * valid
+        b = self.proj_b(m) * valid
+        return kernels.dispatch(
+            "outer_product_mean", outer_product_mean_update, a, b, mask, self.proj_o.weight, self.proj_o.bias, token_rows
         )
-
-    def _project(self, a: Tensor, b: Tensor, mask_a: Tensor, mask_b: Tensor) -> Tensor:
-        """The unchunked computation for the token rows of `a` (B, S, I, c) against all of `b` (B, S, N, c)."""
-        row_count = (mask_a[:, :, :, None] * mask_b[:, :, None, :]).sum(1).clamp(min=1)
-        outer = torch.einsum("bsic,bsjd->bijcd", a.float(), b.float())
-        return self.proj_o((outer.reshape(*outer.shape[:3], -1) / row_count).to(a))
