@@ -13,6 +13,7 @@
 | swiglu_product          | modulation.swiglu_product(h)                  | triton        | h (rows, L, 3I)  |
 | token_mean              | fast_score.token_mean(x, starts, ...)         | triton        | tokens of starts |
 | outer_product_mean      | outer_product_mean_update(a, b, mask, ...)    | triton        | a (B, S, N, c)   |
+| pair_weighted_average   | gated_pair_average(weights, values, gate)     | triton        | weights (B, H, N, N) |
 
 cuEquivariance's fused `attention_pair_bias` is not routed: it also applies the input
 LayerNorm and the q/k/v/g/o projections, a wider boundary than the core function (and the
@@ -31,6 +32,7 @@ from foldmill.kernels import (
     triton_layer_norm,
     triton_modulation,
     triton_outer_product,
+    triton_pair_average,
     triton_support,
     triton_transition,
     triton_triangle_attention,
@@ -110,6 +112,7 @@ _register_triton_op("adaptive_layer_norm", triton_modulation.adaptive_layer_norm
 _register_triton_op("residual_adaptive_layer_norm", triton_modulation.residual_adaptive_layer_norm, _FLOAT)
 _register_triton_op("swiglu_product", triton_modulation.swiglu_product, _FLOAT)
 _register_triton_op("outer_product_mean", triton_outer_product.outer_product_mean_update, _HALF)
+_register_triton_op("pair_weighted_average", triton_pair_average.gated_pair_average, _HALF)
 _register_triton_op(
     "token_mean", triton_modulation.token_mean, _FLOAT, tokens=lambda x, starts, *args, **kwargs: starts.shape[-1] - 1
 )

@@ -45,4 +45,17 @@ opm() {
   echo "opm gpu tests rc=$?"; tail -3 $OUT/opm_tests.log
 }
 
+# Lease 3: the pair-weighted-average backend (pwa_bench.py); every GPU test.
+GPU_TESTS="tests/test_kernels_gpu.py tests/test_kernels_triton_attention.py tests/test_kernels_triton_layer_norm.py
+  tests/test_fast_score.py tests/test_kernels_triton.py tests/test_kernels_fastpath.py tests/test_kernels.py
+  tests/test_moe_gpu.py tests/test_fast_sampler.py tests/test_fastpath_memory.py tests/test_kernels_triton_outer_product.py
+  tests/test_kernels_triton_pair_average.py"
+pwa() {
+  extract_prefix
+  timeout 150 python3 $S/pwa_bench.py $OUT/pwa > $OUT/pwa.log 2>&1
+  echo "pwa rc=$?"; grep '^{' $OUT/pwa.log | cut -c1-700
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$?"; tail -4 $OUT/gpu_tests.log
+}
+
 "$@"

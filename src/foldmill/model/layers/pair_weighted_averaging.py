@@ -5,12 +5,29 @@ Each head turns the pair representation into attention weights over tokens j (so
 over j, shared by all MSA rows) and averages the projected MSA values of row s with them,
 gated by the MSA itself. Parameter names (norm_m, norm_z, proj_m, proj_g, proj_z, proj_o)
 match the Boltz-2 checkpoint.
+
+`gated_pair_average` (the average and its gate, after the projections and the softmax) is the
+reference of the "pair_weighted_average" op of foldmill.kernels, which a fused kernel replaces on
+the GPU.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
+
+from foldmill import kernels
+
+
+def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
+    """weights: (B, H, N, N) softmax over j; values, gate: (B, S, N, H * D) -> (B, S, N, H * D):
+    sigmoid(gate) * the average of each head's values over tokens j."""
+    batch, msa_rows, tokens, width = values.shape
+    heads = weights.shape[1]
+    per_head = values.reshape(batch, msa_rows, tokens, heads, width // heads).permute(0, 3, 1, 2, 4)  # (B, h, S, N, D)
+    out = torch.einsum("bhij,bhsjd->bhsid", weights, per_head).permute(0, 2, 3, 1, 4)
+    return gate.sigmoid() * out.reshape(batch, msa_rows, tokens, width)
 
 
 class PairWeightedAveraging(nn.Module):
@@ -31,15 +48,11 @@ class PairWeightedAveraging(nn.Module):
     def _head_update(self, m: Tensor, z: Tensor, mask: Tensor, heads: slice) -> Tensor:
         """Gated, averaged values of the given heads, flattened: (B, S, N, n_heads * c_h)."""
         channels = slice(heads.start * self.c_h, heads.stop * self.c_h)
-        n_heads = heads.stop - heads.start
-        values = m @ self.proj_m.weight[channels].T
-        values = values.reshape(*values.shape[:3], n_heads, self.c_h).permute(0, 3, 1, 2, 4)  # (B, h, S, N, c_h)
-        logits = (z @ self.proj_z.weight[heads].T).permute(0, 3, 1, 2)  # (B, h, N, N)
-        logits = logits + (1 - mask[:, None]) * -self.inf
-        weights = torch.softmax(logits, dim=-1)
-        gate = (m @ self.proj_g.weight[channels].T).sigmoid()
-        out = torch.einsum("bhij,bhsjd->bhsid", weights, values).permute(0, 2, 3, 1, 4)
-        return gate * out.reshape(*out.shape[:3], n_heads * self.c_h)
+        # values and gate from one product: one pass over the MSA
+        values, gate = F.linear(m, torch.cat([self.proj_m.weight[channels], self.proj_g.weight[channels]])).chunk(2, -1)
+        logits = F.linear(z, self.proj_z.weight[heads]).permute(0, 3, 1, 2)  # (B, h, N, N)
+        weights = torch.softmax(logits + (1 - mask[:, None]) * -self.inf, dim=-1)
+        return kernels.dispatch("pair_weighted_average", gated_pair_average, weights, values, gate)
 
     def forward(self, m: Tensor, z: Tensor, mask: Tensor, chunk_heads: bool = False) -> Tensor:
         """chunk_heads computes one head at a time to bound memory on deep MSAs."""

@@ -1,0 +1,30 @@
+"""Pair-weighted-averaging backend (Triton): the weighted average of the MSA values and its gate in one
+kernel (foldmill.kernels.triton_pair_average_kernel), reading the values and the gate in place.
+
+Why: the reference (foldmill.model.layers.pair_weighted_averaging.gated_pair_average) is an einsum
+that copies the (B, S, N, H * D) values into a (head, token, row) layout and its result back, then
+multiplies by the gate in a further pass: three extra round trips of an MSA-sized tensor.
+Same arguments and result as the reference; the reference runs instead for head widths the kernel
+does not tile (other than 16 and 32) and when autograd records.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.triton_support import records_autograd
+
+KERNEL_HEAD_WIDTHS = (16, 32)
+
+
+def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
+    """The registry backend: the kernel, or the reference where it does not apply."""
+    head_width = values.shape[-1] // weights.shape[1]
+    if records_autograd(weights, values, gate) or head_width not in KERNEL_HEAD_WIDTHS:
+        from foldmill.model.layers.pair_weighted_averaging import gated_pair_average as reference
+
+        return reference(weights, values, gate)
+    from foldmill.kernels.triton_pair_average_kernel import gated_pair_average as kernel
+
+    return kernel(weights, values, gate, compute_dtype(values))
