@@ -58,4 +58,19 @@ pwa() {
   echo "gpu tests rc=$?"; tail -4 $OUT/gpu_tests.log
 }
 
+# Lease 3, last call (every part here): bench throughput on session 7's 4-stratum sample of the full
+# 200-2,800 range, foldmill's side (OSS's side was measured in session 7 on the same sample).
+TP_ARGS="--work-dir /tmp/tp-work --device cuda --model demo-full --targets 1000 --seed 0 --min-length 200 --max-length 2800
+  --msa-depth 2048 --sample ${TP_SAMPLE:-4} --stratified --recycling-steps 3 --sampling-steps 200 --diffusion-samples 5
+  --max-parallel-samples 5 --cpu-workers 6 --queue-depth 4 --object-store-mb 8192"
+tp_foldmill() {
+  rm -rf /tmp/site
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 1 > $OUT/gpu_util_foldmill.csv &
+  timeout ${TP_TIMEOUT:-540} python3 -m foldmill bench throughput -o /tmp/tp-out $TP_ARGS --time-budget $((${TP_TIMEOUT:-540} - 30)) \
+    > $OUT/bench_foldmill.log 2>&1
+  echo "throughput rc=$?"; tail -14 $OUT/bench_foldmill.log
+  kill %1; cp -r /tmp/tp-out $OUT/tp
+}
+
 "$@"
