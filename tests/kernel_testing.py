@@ -57,3 +57,41 @@ def patch_interpreter_for_numpy_2_4() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = patched
+
+
+BF16_TOL, FP32_TOL = 1e-2, 1e-5
+H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
+
+
+def sm90_shared_memory(kernel: Any, signature: dict[str, str], constants: dict[str, Any], num_warps: int, num_stages: int) -> int:
+    """Compile a Triton kernel for sm_90 ahead of time (no GPU needed); its shared memory in bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    compiled = triton.compile(
+        ASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    return compiled.metadata.shared
+
+
+def assert_gpu_backend_parity(op: str, reference: Any, backend: Any, inputs: tuple, expected: torch.Tensor) -> None:
+    """A Triton backend (`backend`, the function registered for `op`) on the GPU against `expected`
+    (float64 math): called directly on fp32 inputs, exact (FP32_TOL; the registry routes fp32 to the
+    reference); through the registry under bf16 autocast, in bf16, within BF16_TOL and no worse than
+    1.5x the reference's own bf16 error."""
+    from foldmill import kernels
+
+    with torch.no_grad():
+        assert relative_error(backend(*inputs), expected) <= FP32_TOL
+    kernels.reset_counts()
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+        with kernels.kernel_policy(force={op: "triton"}):
+            out = kernels.dispatch(op, reference, *inputs)
+        reference_out = reference(*inputs)
+    assert kernels.chosen_counts() == {f"{op}/triton": 1}
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    error, reference_error = relative_error(out, expected), relative_error(reference_out, expected)
+    assert error <= BF16_TOL and error <= 1.5 * reference_error, (error, reference_error)

@@ -19,9 +19,17 @@ import torch
 from foldmill import kernels
 from foldmill.kernels import triton_outer_product
 from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
-from kernel_testing import HAS_TRITON, patch_interpreter_for_numpy_2_4, relative_error, run_interpreted
-
-BF16_TOL, FP32_TOL = 1e-2, 1e-5
+from kernel_testing import (
+    BF16_TOL,
+    FP32_TOL,
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    assert_gpu_backend_parity,
+    patch_interpreter_for_numpy_2_4,
+    relative_error,
+    run_interpreted,
+    sm90_shared_memory,
+)
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, channels: int, out: int, seed: int, device: str = "cpu"):
@@ -119,15 +127,8 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
         assert error <= (FP32_TOL if dtype == torch.float32 else BF16_TOL), (name, error)
 
 
-H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import triton
     from foldmill.kernels.triton_outer_product_kernel import CONFIGS, _outer_product_kernel, config_for
 
     signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
@@ -138,35 +139,17 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             config = config_for(channels, base)
             constants = {"C": channels, "BLOCK_I": config.block_i, "BLOCK_J": config.block_j, "BLOCK_S": config.block_s}
             constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
-            compiled = triton.compile(
-                ASTSource(_outer_product_kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
-            )
-            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (channels, config, compiled.metadata.shared)
+            shared = sm90_shared_memory(_outer_product_kernel, signature, constants, config.num_warps, config.num_stages)
+            assert shared <= H100_SHARED_MEMORY_BYTES, (channels, config, shared)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens, msa_rows", [(200, 64), (517, 1024)])
-def test_backend_matches_the_math_on_the_gpu(tokens, msa_rows):
-    inputs = op_inputs(1, msa_rows, tokens, 32, 128, seed=5, device="cuda")
-    expected = plain_mean(*inputs)
-    kernels.reset_counts()
-    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
-        out = kernels.dispatch("outer_product_mean", outer_product_mean_update, *inputs)
-        reference = outer_product_mean_update(*inputs)
-    assert kernels.chosen_counts() == {"outer_product_mean/triton": 1}
-    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
-    error, reference_error = relative_error(out, expected), relative_error(reference, expected)
-    assert error <= BF16_TOL and error <= 1.5 * reference_error, (error, reference_error)
-
-
-@pytest.mark.gpu
-def test_backend_in_fp32_on_the_gpu_is_exact():
-    inputs = op_inputs(2, 100, 77, 32, 16, seed=6, device="cuda")
-    with torch.no_grad(), kernels.kernel_policy(force={"outer_product_mean": "triton"}):
-        out = kernels.dispatch("outer_product_mean", outer_product_mean_update, *inputs)
-    assert relative_error(out, plain_mean(*inputs)) <= FP32_TOL
+@pytest.mark.parametrize("batch, tokens, msa_rows", [(2, 77, 100), (1, 200, 64), (1, 517, 1024)])
+def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
+    inputs = op_inputs(batch, msa_rows, tokens, 32, 128, seed=5, device="cuda")
+    assert_gpu_backend_parity(
+        "outer_product_mean", outer_product_mean_update, triton_outer_product.outer_product_mean_update, inputs, plain_mean(*inputs)
+    )
 
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:

@@ -19,9 +19,17 @@ import torch
 from foldmill import kernels
 from foldmill.kernels import triton_pair_average
 from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
-from kernel_testing import HAS_TRITON, patch_interpreter_for_numpy_2_4, relative_error, run_interpreted
-
-BF16_TOL, FP32_TOL = 1e-2, 1e-5
+from kernel_testing import (
+    BF16_TOL,
+    FP32_TOL,
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    assert_gpu_backend_parity,
+    patch_interpreter_for_numpy_2_4,
+    relative_error,
+    run_interpreted,
+    sm90_shared_memory,
+)
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, heads: int, width: int, seed: int, device: str = "cpu"):
@@ -101,15 +109,8 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
         assert error <= (FP32_TOL if dtype == torch.float32 else BF16_TOL), (name, error)
 
 
-H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    import triton
     from foldmill.kernels.triton_pair_average_kernel import CONFIGS, _pair_average_kernel
 
     signature = {"weights_ptr": "*bf16", "values_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": "*bf16"}
@@ -121,36 +122,17 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
         for config in CONFIGS:
             constants = {"HEADS": 8, "D": width, "BLOCK_I": config.block_i, "BLOCK_S": config.block_s, "BLOCK_J": config.block_j}
             constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
-            compiled = triton.compile(
-                ASTSource(_pair_average_kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
-            )
-            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (width, config, compiled.metadata.shared)
+            shared = sm90_shared_memory(_pair_average_kernel, signature, constants, config.num_warps, config.num_stages)
+            assert shared <= H100_SHARED_MEMORY_BYTES, (width, config, shared)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens, msa_rows, heads", [(200, 64, 8), (517, 1024, 1)])
-def test_backend_matches_the_math_on_the_gpu(tokens, msa_rows, heads):
-    inputs = op_inputs(1, msa_rows, tokens, heads, 32, seed=5, device="cuda")
-    expected = plain_average(*inputs)
-    kernels.reset_counts()
-    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
-        with kernels.kernel_policy(force={"pair_weighted_average": "triton"}):  # the table's choice depends on size
-            out = kernels.dispatch("pair_weighted_average", gated_pair_average, *inputs)
-        reference = gated_pair_average(*inputs)
-    assert kernels.chosen_counts() == {"pair_weighted_average/triton": 1}
-    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
-    error, reference_error = relative_error(out, expected), relative_error(reference, expected)
-    assert error <= BF16_TOL and error <= 1.5 * reference_error, (error, reference_error)
-
-
-@pytest.mark.gpu
-def test_backend_in_fp32_on_the_gpu_is_exact():
-    inputs = op_inputs(2, 30, 77, 2, 32, seed=6, device="cuda")
-    with torch.no_grad(), kernels.kernel_policy(force={"pair_weighted_average": "triton"}):
-        out = kernels.dispatch("pair_weighted_average", gated_pair_average, *inputs)
-    assert relative_error(out, plain_average(*inputs)) <= FP32_TOL
+@pytest.mark.parametrize("batch, tokens, msa_rows, heads", [(2, 77, 30, 2), (1, 200, 64, 8), (1, 517, 1024, 1)])
+def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows, heads):
+    inputs = op_inputs(batch, msa_rows, tokens, heads, 32, seed=5, device="cuda")
+    assert_gpu_backend_parity(
+        "pair_weighted_average", gated_pair_average, triton_pair_average.gated_pair_average, inputs, plain_average(*inputs)
+    )
 
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:

@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_support import dot_flags
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,6 @@ def outer_product_sum(
     if out.numel() == 0:
         return out
     config = config_for(channels, config)
-    emulate_bf16 = a.device.type == "cpu" and compute_dtype == torch.bfloat16  # see rounded
     grid = (triton.cdiv(rows, config.block_i) * triton.cdiv(tokens, config.block_j), batch)
     _outer_product_kernel[grid](
         a,
@@ -147,8 +147,7 @@ def outer_product_sum(
         BLOCK_I=config.block_i,
         BLOCK_J=config.block_j,
         BLOCK_S=config.block_s,
-        DOT_PRECISION="ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
-        EMULATE_BF16=emulate_bf16,
+        **dot_flags(a.device, compute_dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

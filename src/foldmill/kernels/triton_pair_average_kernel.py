@@ -24,6 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_support import dot_flags
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,6 @@ def gated_pair_average(
     if out.numel() == 0:
         return out
     config = config or CONFIGS[0]
-    emulate_bf16 = values.device.type == "cpu" and compute_dtype == torch.bfloat16  # see rounded
     grid = (triton.cdiv(tokens, config.block_i) * triton.cdiv(msa_rows, config.block_s), batch * heads)
     _pair_average_kernel[grid](
         weights,
@@ -152,8 +152,7 @@ def gated_pair_average(
         BLOCK_I=config.block_i,
         BLOCK_S=config.block_s,
         BLOCK_J=config.block_j,
-        DOT_PRECISION="ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
-        EMULATE_BF16=emulate_bf16,
+        **dot_flags(values.device, compute_dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

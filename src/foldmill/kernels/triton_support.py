@@ -30,3 +30,14 @@ def padded_width(width: int) -> int:
 def records_autograd(*tensors: Tensor | None) -> bool:
     """Whether autograd records through any of these (the kernels have no backward pass)."""
     return torch.is_grad_enabled() and any(tensor is not None and tensor.requires_grad for tensor in tensors)
+
+
+def dot_flags(device: torch.device, compute_dtype: torch.dtype) -> dict[str, object]:
+    """The DOT_PRECISION and EMULATE_BF16 constants of foldmill's kernels for tensors on `device`.
+
+    CPU tensors only run under Triton's interpreter, whose bf16 is emulated in fp32 (see
+    triton_dot_operands.rounded) with exact fp32 dots; fp32 compute gets exact fp32 dots ("ieee")
+    on the GPU too; otherwise the tensor cores' precision.
+    """
+    emulate_bf16 = device.type == "cpu" and compute_dtype == torch.bfloat16
+    return {"DOT_PRECISION": "ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32", "EMULATE_BF16": emulate_bf16}

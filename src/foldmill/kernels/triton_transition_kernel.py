@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
-from foldmill.kernels.triton_support import padded_width
+from foldmill.kernels.triton_support import dot_flags, padded_width
 
 
 @dataclass(frozen=True)
@@ -161,15 +161,13 @@ def fused_transition(
     if rows == 0:
         return out.view(*x.shape[:-1], out_dim)
     on_cpu = x.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
-    emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see _rounded
     shape_args = {
         "DIM": dim,
         "HIDDEN": hidden,
         "OUT_DIM": out_dim,
         "BLOCK_D": padded_width(dim),
         "BLOCK_O": padded_width(out_dim),
-        "DOT_PRECISION": "ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
-        "EMULATE_BF16": emulate_bf16,
+        **dot_flags(x.device, compute_dtype),
     }
     args = (rows_in, out, norm_weight, norm_bias, fc1, fc2, fc3, rows, rows_in.stride(0), eps)
     if config is None and on_cpu:  # no benchmarking in the interpreter

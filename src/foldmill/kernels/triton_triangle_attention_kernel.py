@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_support import dot_flags
 
 # Query positions whose bias rows one group of programs keeps hot in L2 (see the module docstring).
 GROUP_QUERIES = 1024
@@ -344,7 +345,6 @@ def flash_triangle_attention(
         return out
     key_biases = _key_bias(mask, batch, rows, keys, compute_dtype)
     on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
-    emulate_bf16 = on_cpu and compute_dtype == torch.bfloat16  # see rounded
     gate_arg = out if gate is None else gate  # never read without GATED
     args = (q, k, v, bias, key_biases, gate_arg, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
     strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
@@ -355,8 +355,7 @@ def flash_triangle_attention(
         "GROUP_QUERIES": group_queries,
         "ALIGN": math.gcd(16, keys, *bias.stride()[:-1]),  # see the kernel's first lines
         "GATED": gate is not None,
-        "DOT_PRECISION": "ieee" if compute_dtype == torch.float32 or emulate_bf16 else "tf32",
-        "EMULATE_BF16": emulate_bf16,
+        **dot_flags(q.device, compute_dtype),
     }
     if config is None and on_cpu:  # no benchmarking in the interpreter
         config = candidates(head_dim)[0]
