@@ -23,7 +23,7 @@ from ray import cloudpickle
 from foldmill.bench.throughput import PassThrough, plan_only, synthetic_worklist
 from foldmill.errors import FoldmillError
 from foldmill.executor.cluster import ray_session, start_pools, stop_pools
-from foldmill.executor.engine import Engine, FeaturizeStage, FoldInput, Staging
+from foldmill.executor.engine import Engine, FeaturizeStage, FoldInput, Staging, kernel_cache_dir, use_kernel_cache
 from foldmill.executor.faults import TargetRejected
 from foldmill.executor.plan import WorkItem
 from foldmill.executor.records import journal_path
@@ -119,6 +119,18 @@ def test_bad_targets_become_records_and_the_rest_fold(ray_instance, tmp_path: Pa
     assert status["wrong_msa"][0] == "failed" and "other_protein.a3m" in status["wrong_msa"][1]
     assert status["too_big"][0] == "rejected" and "exceed the token budget of 150" in status["too_big"][1]
     assert not (tmp_path / "predictions" / "wrong_msa").exists()
+    assert (tmp_path / ".kernel-cache").is_dir()  # the replica's compiled-kernel cache, shared by the run's jobs
+
+
+def test_replicas_keep_compiled_kernels_in_the_run_unless_the_environment_says(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")  # restored after the test, whatever it was
+    assert kernel_cache_dir(CI_MODEL, tmp_path) == tmp_path / ".kernel-cache"
+    assert kernel_cache_dir(replace(CI_MODEL, kernel_cache=str(tmp_path / "shared")), tmp_path) == tmp_path / "shared"
+    Engine(CI_MODEL, kernel_cache=tmp_path / "cache")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache") and (tmp_path / "cache").is_dir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "chosen"))
+    use_kernel_cache(tmp_path / "other")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "chosen") and not (tmp_path / "other").exists()
 
 
 class StickyOnReplicaZero(PassThrough):

@@ -123,6 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-budget", type=float, default=0.0,
                         help="seconds for the whole command; OSS is stopped when it runs out (0 = no limit)")
     parser.add_argument("--work-dir", type=Path, help="inputs, runs and the exported checkpoint (default: OUT)")
+    parser.add_argument("--kernel-cache", type=Path,
+                        help="compiled GPU kernels kept across runs (model.kernel_cache; default: the run's own, which "
+                        "starts cold, so the first target pays the compilation)")
     parser.add_argument("--oss", action="store_true", help="also run `boltz predict` on the same sample")
     parser.add_argument("--side", choices=("both", "foldmill", "oss"), default="both",
                         help="with --oss, run only one side (same sample, inputs and weights), to split the comparison "
@@ -202,10 +205,11 @@ def model_settings_for(args: argparse.Namespace, checkpoint: Path | None = None)
     """The model both sides use: a checkpoint, or the demo's seeded random weights at a demo architecture."""
     recipe = InferenceRecipe(args.recycling_steps, args.sampling_steps, args.diffusion_samples, args.max_parallel_samples, args.seed)
     architecture = demo_architecture(args.model)
+    kernel_cache = str(args.kernel_cache or "")
     if checkpoint is not None or architecture is None:
-        return ModelSettings(str(checkpoint or args.model), args.device, recipe)
+        return ModelSettings(str(checkpoint or args.model), args.device, recipe, kernel_cache=kernel_cache)
     full = {f.name: getattr(architecture, f.name) for f in dataclasses.fields(Boltz2Config)}
-    return ModelSettings("demo", args.device, recipe, demo_config=full)
+    return ModelSettings("demo", args.device, recipe, demo_config=full, kernel_cache=kernel_cache)
 
 
 def export_demo_checkpoint(architecture: Boltz2Config, path: Path) -> Path:

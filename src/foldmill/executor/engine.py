@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -47,6 +48,26 @@ BYTES_PER_PAIR = 3200
 FIXED_BYTES = 2 << 30
 MEMORY_HEADROOM = 0.9
 DEMO_WEIGHTS_SEED = 0  # the demo model is one fixed set of weights; recipe.seed only seeds sampling
+KERNEL_CACHE_DIRNAME = ".kernel-cache"
+
+
+def kernel_cache_dir(settings: ModelSettings, outdir: Path) -> Path:
+    """Where a run's replicas keep compiled GPU kernels: model.kernel_cache, else OUTDIR/.kernel-cache."""
+    return Path(settings.kernel_cache) if settings.kernel_cache else Path(outdir) / KERNEL_CACHE_DIRNAME
+
+
+def use_kernel_cache(directory: Path | None) -> None:
+    """Point this process's Triton cache (cuEquivariance's triangle kernels are Triton too) at `directory`
+    before anything compiles, unless TRITON_CACHE_DIR is set already (the environment decides).
+
+    Why: a replica on a node with a cold cache spends ~30 s compiling at its first target (H200,
+    session 8); with a directory shared by a run's jobs, only the first one does. Triton writes its
+    cache entries atomically, so concurrent replicas can share one.
+    """
+    if directory is None or os.environ.get("TRITON_CACHE_DIR"):
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ["TRITON_CACHE_DIR"] = str(directory)
 
 
 @dataclass(frozen=True)
@@ -109,9 +130,16 @@ class Engine:
     """One model replica on one device: the fast path on a GPU, the fp32 reference path on CPUs."""
 
     def __init__(
-        self, settings: ModelSettings, token_budget: int = 0, memory_share: float = 1.0, run: dict[str, Any] | None = None
+        self,
+        settings: ModelSettings,
+        token_budget: int = 0,
+        memory_share: float = 1.0,
+        run: dict[str, Any] | None = None,
+        kernel_cache: Path | None = None,
     ) -> None:
-        """`run`: the run's provenance when the caller has it (hashing a 2 GB checkpoint again costs seconds)."""
+        """`run`: the run's provenance when the caller has it (hashing a 2 GB checkpoint again costs seconds);
+        `kernel_cache`: see use_kernel_cache (None: Triton's own default)."""
+        use_kernel_cache(kernel_cache)
         self.device = torch.device(settings.device)
         self.recipe = settings.recipe
         self.model = load_model(settings).eval()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from foldmill.executor.cluster import ray_session, start_pools, stop_pools
-from foldmill.executor.engine import Engine, FeaturizeStage, Staging, WriteStage, run_provenance
+from foldmill.executor.engine import Engine, FeaturizeStage, Staging, WriteStage, kernel_cache_dir, run_provenance
 from foldmill.executor.plan import WorkItem, over_budget, plan_run
 from foldmill.executor.progress import Progress, summary_text
 from foldmill.executor.records import Journal, TargetRecord, journal_path, write_fold_table
@@ -107,7 +107,14 @@ def fold_targets(
                 executor,
                 model.device,
                 functools.partial(FeaturizeStage, staging, model),
-                functools.partial(Engine, model, executor.token_budget, replica_memory_share(model, executor), provenance),
+                functools.partial(
+                    Engine,
+                    model,
+                    executor.token_budget,
+                    replica_memory_share(model, executor),
+                    provenance,
+                    kernel_cache_dir(model, outdir),
+                ),
                 functools.partial(WriteStage, outdir, outputs.top_k, outputs.write_pdb),
                 run_id,
             )

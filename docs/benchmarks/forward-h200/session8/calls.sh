@@ -73,4 +73,11 @@ tp_foldmill() {
   kill %1; cp -r /tmp/tp-out $OUT/tp
 }
 
+# Lease 4: a replica's start-up and first-target costs, piece by piece (startup_and_first_target.py).
+startup() {
+  extract_prefix
+  timeout 240 python3 $S/startup_and_first_target.py $OUT/startup $F > $OUT/startup.log 2>&1
+  echo "startup rc=$?"; grep -v Warning $OUT/startup.log | tail -12
+}
+
 "$@"
