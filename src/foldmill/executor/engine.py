@@ -60,8 +60,9 @@ def use_kernel_cache(directory: Path | None) -> None:
     """Point this process's Triton cache (cuEquivariance's triangle kernels are Triton too) at `directory`
     before anything compiles, unless TRITON_CACHE_DIR is set already (the environment decides).
 
-    Why: a replica on a node with a cold cache spends ~30 s compiling at its first target (H200,
-    session 8); with a directory shared by a run's jobs, only the first one does. Triton writes its
+    Why: a replica on a node with a cold cache spends ~36 s compiling at its first target (H200,
+    session 8: 54.5 s against 8.5 s later, ~7-10 s of which remain with a warm cache); with a
+    directory shared by a run's jobs, only the first one does. Triton writes its
     cache entries atomically, so concurrent replicas can share one.
     """
     if directory is None or os.environ.get("TRITON_CACHE_DIR"):

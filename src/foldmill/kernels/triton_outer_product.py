@@ -54,13 +54,14 @@ def outer_product_mean_update(
     dtype = compute_dtype(a)
     batch, _, tokens, _ = a.shape
     inverse_counts = inverse_row_counts(mask)
-    element_bytes = torch.finfo(dtype).bits // 8
-    rows = max(1, BLOCK_BYTES // (batch * tokens * channels * channels * element_bytes))
+    # once here, not per block of rows: every block reads all of b
+    a, b, weight = (t.to(dtype) for t in (a, b, weight))
+    rows = max(1, BLOCK_BYTES // (batch * tokens * channels * channels * dtype.itemsize))
 
     def block(token_block: slice) -> Tensor:
         start, stop = token_block.indices(tokens)[:2]
         summed = outer_product_sum(a, b, start, stop - start, dtype)
-        projected = F.linear(summed, weight.to(dtype)).float() * inverse_counts[:, token_block, :, None]
+        projected = F.linear(summed, weight).float() * inverse_counts[:, token_block, :, None]
         if bias is not None:
             projected += bias
         return projected.to(dtype)
