@@ -133,6 +133,16 @@ def test_replicas_keep_compiled_kernels_in_the_run_unless_the_environment_says(m
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "chosen") and not (tmp_path / "other").exists()
 
 
+def test_a_kernel_cache_that_cannot_be_created_is_a_warning(monkeypatch, tmp_path: Path, caplog) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")
+    (tmp_path / "a_file").write_text("")
+    with caplog.at_level("WARNING", logger="foldmill.executor.engine"):
+        use_kernel_cache(tmp_path / "a_file" / "cache")
+    assert os.environ["TRITON_CACHE_DIR"] == ""
+    (message,) = [record.getMessage() for record in caplog.records]
+    assert "a_file/cache: cannot create it" in message and "\n" not in message
+
+
 class StickyOnReplicaZero(PassThrough):
     """A replica stage whose first GPU 'breaks': replica 0 reports a sticky CUDA error."""
 

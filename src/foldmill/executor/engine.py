@@ -63,11 +63,16 @@ def use_kernel_cache(directory: Path | None) -> None:
     Why: a replica on a node with a cold cache spends ~36 s compiling at its first target (H200,
     session 8: 54.5 s against 8.5 s later, ~7-10 s of which remain with a warm cache); with a
     directory shared by a run's jobs, only the first one does. Triton writes its
-    cache entries atomically, so concurrent replicas can share one.
+    cache entries atomically, so concurrent replicas can share one. The cache only saves time, so a
+    directory that cannot be created is a warning (Triton's default cache is used), not a failed run.
     """
     if directory is None or os.environ.get("TRITON_CACHE_DIR"):
         return
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        log.warning("model.kernel_cache %s: cannot create it (%s); using Triton's default cache", directory, error.strerror)
+        return
     os.environ["TRITON_CACHE_DIR"] = str(directory)
 
 
