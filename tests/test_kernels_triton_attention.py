@@ -190,9 +190,11 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             compiled = triton.compile(
                 ASTSource(_attention_kernel, signature, constants, attrs),
                 target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+                options={"num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.max_registers},
             )
             assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, gated, config, compiled.metadata.shared)
+            if config.max_registers is not None:  # the cap reached ptxas
+                assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], config
 
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:

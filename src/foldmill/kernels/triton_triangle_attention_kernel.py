@@ -51,23 +51,26 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Queries per program, keys per step, warps, software-pipeline stages."""
+    """Queries per program, keys per step, warps, software-pipeline stages, and a cap on registers
+    per thread (None: the compiler's choice), which sets how many programs share an SM."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    max_registers: int | None = None
 
 
 # sm_90 candidates (Triton 3.6, ptxas for sm_90a), the default first. Head dims 16/32, measured on the
-# H200 with the fused gate (1 x N rows x 4 heads x 32): with the broadcast key bias (session 7), 64 x 64
-# tiles at 4 warps and 3 stages took 4.29 / 18.9 / 59.2 ms at 1,024 / 1,700 / 2,560 tokens, 128 x 128 at
-# 8 warps 6.70 / 37.8 / 101 ms; before it (rank-1 key bias, session 6) 64 x 64 also won, against
-# 128 x 128 at 2 and 3 stages and 128 x 64. So one candidate: no autotuning, whose every extra
-# candidate costs ~1 s of compilation in each new process (every Slurm job's replica). Head dim 64
-# (not a Boltz-2 width): 128 x 128 tiles spill and need 256 KB of shared memory at 3 stages, so only
-# the narrower tiles; not re-measured with the broadcast key bias.
-NARROW_CONFIGS = (BlockConfig(64, 64, 4, 3),)
+# H200 with the fused gate (1 x N rows x 4 heads x 32, session 9, `attention_variants.py`): 64 x 32 tiles
+# at 4 warps, 3 stages and 128 registers (four programs per SM instead of two) took 0.70 / 4.05 / 17.8 /
+# 51.8 ms at 512 / 1,024 / 1,700 / 2,472 tokens, against 0.72 / 4.52 / 19.1 / 55.2 for session 7's 64 x 64
+# tiles (228 registers). Capping those at 168, 128 x 64 or 128 x 32 tiles at 8 warps, mma.sync instead
+# of wgmma, 2 or 4 stages, one row per program and 64 x 128 tiles all lost or tied at 1,700 and 2,472.
+# So one candidate: no autotuning, whose every extra candidate costs ~1 s of compilation in each new
+# process (every Slurm job's replica). Head dim 64 (not a Boltz-2 width): 128 x 128 tiles spill and
+# need 256 KB of shared memory at 3 stages, so only the narrower tiles; not re-measured since session 6.
+NARROW_CONFIGS = (BlockConfig(64, 32, 4, 3, max_registers=128),)
 WIDE_CONFIGS = (BlockConfig(128, 64, 8, 2), BlockConfig(128, 64, 8, 3), BlockConfig(64, 64, 4, 3))
 NARROW_HEAD_DIM = 32
 
@@ -103,12 +106,13 @@ def _softmax_update(
     """The online-softmax update of one row by one key block's logits; acc += p v."""
     new_max = tl.maximum(running_max, tl.max(logits, axis=1))
     new_max_log2 = new_max * LOG2E
-    # Exponents are <= 0 by construction; the clamp keeps them so when the compiler contracts
-    # x * LOG2E - m into an FMA: for a row whose keys are all masked the logits sit near MASK_LOGIT,
-    # where that rounding difference reaches +-64 and, compounded over key blocks, overflowed to
-    # inf/NaN on the H200 (1,000 tokens, fully masked padding row).
+    # The compiler contracts x * LOG2E - m into an FMA, so an exponent can round above 0. For a row
+    # whose keys are all masked the logits sit near MASK_LOGIT, where that reaches +64: p <= 2^64 is
+    # finite in bf16 and fp32 (fp16's mask logit, -65504, rounds by < 0.01). The correction's clamp
+    # keeps those from compounding over key blocks, which overflowed to inf/NaN on the H200 (1,000
+    # tokens, fully masked padding row) when both were unclamped. A clamp on p as well cost 1-4%.
     correction = tl.math.exp2(tl.minimum(running_max * LOG2E - new_max_log2, 0.0))  # 0 at the first block
-    p = tl.math.exp2(tl.minimum(logits * LOG2E - new_max_log2[:, None], 0.0))
+    p = tl.math.exp2(logits * LOG2E - new_max_log2[:, None])
     running_sum = running_sum * correction + tl.sum(p, axis=1)
     v = tl.load(v_row + key[:, None] * v_stride_j + dim[None, :], mask=key_ok[:, None], other=0.0)
     p = rounded(p, DTYPE, EMULATE_BF16)
@@ -263,8 +267,10 @@ def _attention_kernel(
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Keep the candidates meant for this head dim."""
-    wanted = {(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in candidates(kwargs["HEAD_DIM"])}
-    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+    wanted = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.max_registers) for c in candidates(kwargs["HEAD_DIM"])}
+    return [
+        c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg) in wanted
+    ]
 
 
 # Tuned once per process and (head dim, size class of the key count, dtypes, alignment) at its first
@@ -274,7 +280,9 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # new process, say the next Slurm job's replica, reuses them instead of benchmarking again.
 _autotuned_kernel = triton.autotune(
     configs=[
-        triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages)
+        triton.Config(
+            {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.max_registers
+        )
         for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
     ],
     key=["HEAD_DIM", "tuning_class", "ALIGN", "GATED"],
@@ -372,5 +380,6 @@ def flash_triangle_attention(
             BLOCK_N=config.block_n,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            **({"maxnreg": config.max_registers} if config.max_registers else {}),
         )
     return out
