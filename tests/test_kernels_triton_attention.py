@@ -39,11 +39,14 @@ def model_inputs(
     dtype: torch.dtype = torch.float32,
     row_offset: int = 0,
     with_gate: bool = False,
+    token_mask: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """q, k, v, bias, mask as TriangleAttention/GatedAttention produce them (in `dtype`), for `rows` rows
     starting at `row_offset` of a larger pair (a row chunk, as with chunk_size), and with_gate the gate
     (B, rows, J, H*D) view too. The same seed gives the same values in every dtype. Keys ~30% masked;
-    with several rows, row 0 fully masked (a padding row)."""
+    with several rows, row 0 fully masked (a padding row). With token_mask, the mask is instead the
+    pair mask of a token mask, as the model's: token 3 and the last tokens/8 + batch padding, so their
+    rows are fully masked and every other row's mask is the valid tokens (the kernel's folded path)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     projected = torch.randn(batch, row_offset + rows, tokens, 4 * HEADS * head_dim, generator=generator, device=device)
     heads = GatedAttention(1, head_dim, HEADS)._heads
@@ -52,6 +55,11 @@ def model_inputs(
     mask = torch.rand(batch, rows, 1, 1, tokens, generator=generator, device=device) > 0.3
     if rows > 1:
         mask[:, 0] = False
+    if token_mask:
+        valid = torch.arange(row_offset + rows + tokens, device=device) < tokens - tokens // 8
+        valid = torch.stack([valid & (torch.arange(valid.numel(), device=device) < tokens - b) for b in range(batch)])
+        valid[:, 3] = False
+        mask = (valid[:, row_offset : row_offset + rows, None] & valid[:, None, :tokens]).view(batch, rows, 1, 1, tokens)
     inputs = (heads(q), heads(k), heads(v), bias.to(dtype).permute(0, 3, 1, 2).unsqueeze(1), mask)
     return (*inputs, gate) if with_gate else inputs
 
@@ -81,24 +89,29 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
 
 # (name, batch, rows, tokens, head dim, compute dtype, bias: "model" (permuted, bf16/fp32 as the
 # compute dtype) | "fp32_contiguous", block config (BLOCK_M, BLOCK_N, warps, stages) or None for the
-# default, L2 group size in queries, how to run). 40 and 136 tokens are not multiples of the blocks;
+# default, L2 group size in queries, how to run, token mask: the model's kind of mask (folded path). 40 and 136 tokens are not multiples of the blocks;
 # 16 x 16 blocks with 32-query groups give several query/key blocks and a partial last group; odd row
 # counts leave the last row pair half empty. "backend" runs the registry backend under CPU autocast.
 INTERPRETER_CASES = [
-    ("fp32_d32_small_blocks", 1, 3, 40, 32, torch.float32, "model", (16, 16, 4, 2), 32, "kernel"),
-    ("fp32_d16_default_blocks", 1, 3, 40, 16, torch.float32, "model", None, 1024, "kernel"),
-    ("bf16_d32_small_blocks", 1, 3, 40, 32, torch.bfloat16, "model", (16, 32, 4, 2), 16, "kernel"),
-    ("bf16_d16_fp32_bias", 1, 2, 40, 16, torch.bfloat16, "fp32_contiguous", None, 1024, "kernel"),
-    ("bf16_d64_two_batches", 2, 2, 136, 64, torch.bfloat16, "model", None, 1024, "kernel"),
-    ("fp32_d64_136_tokens", 1, 1, 136, 64, torch.float32, "model", (64, 64, 4, 3), 1024, "kernel"),
-    ("backend_under_autocast", 1, 5, 24, 32, torch.bfloat16, "fp32_contiguous", None, 1024, "backend"),
+    ("fp32_d32_small_blocks", 1, 3, 40, 32, torch.float32, "model", (16, 16, 4, 2), 32, "kernel", False),
+    ("fp32_d16_default_blocks", 1, 3, 40, 16, torch.float32, "model", None, 1024, "kernel", False),
+    ("bf16_d32_small_blocks", 1, 3, 40, 32, torch.bfloat16, "model", (16, 32, 4, 2), 16, "kernel", False),
+    ("bf16_d16_fp32_bias", 1, 2, 40, 16, torch.bfloat16, "fp32_contiguous", None, 1024, "kernel", False),
+    ("bf16_d64_two_batches", 2, 2, 136, 64, torch.bfloat16, "model", None, 1024, "kernel", False),
+    ("fp32_d64_136_tokens", 1, 1, 136, 64, torch.float32, "model", (64, 64, 4, 3), 1024, "kernel", False),
+    ("backend_under_autocast", 1, 5, 24, 32, torch.bfloat16, "fp32_contiguous", None, 1024, "backend", False),
+    ("fp32_d32_token_mask", 1, 5, 40, 32, torch.float32, "model", (16, 16, 4, 2), 32, "kernel", True),
+    ("bf16_d32_token_mask_default_blocks", 1, 6, 44, 32, torch.bfloat16, "model", None, 1024, "kernel", True),
+    ("fp32_d16_token_mask_two_batches", 2, 4, 40, 16, torch.float32, "model", (16, 32, 4, 2), 1024, "kernel", True),
 ]
 
 
-def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, dtype, bias_layout: str):
+def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, dtype, bias_layout: str, token_mask: bool):
     """fp32 inputs for the reference, and the same values in `dtype` for the kernel."""
-    exact = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, row_offset=1)
-    *low, low_bias, mask = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, dtype=dtype, row_offset=1)
+    exact = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, row_offset=1, token_mask=token_mask)
+    *low, low_bias, mask = model_inputs(
+        batch, rows, tokens, head_dim, seed=100 + index, dtype=dtype, row_offset=1, token_mask=token_mask
+    )
     if bias_layout == "fp32_contiguous":
         low_bias = exact[3].contiguous()
     return exact[:4], (*low, low_bias, mask)
@@ -107,8 +120,8 @@ def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
     cases, expected, valid, torch_bf16_errors = [], {}, {}, {}
-    for index, (name, batch, rows, tokens, head_dim, dtype, bias_layout, _, _, _) in enumerate(INTERPRETER_CASES):
-        exact, low = _case_inputs(index, batch, rows, tokens, head_dim, dtype, bias_layout)
+    for index, (name, batch, rows, tokens, head_dim, dtype, bias_layout, *_, token_mask) in enumerate(INTERPRETER_CASES):
+        exact, low = _case_inputs(index, batch, rows, tokens, head_dim, dtype, bias_layout, token_mask)
         q, k, v, bias = exact
         mask, scale = low[-1], head_dim**-0.5
         assert not low[0].is_contiguous() and low[0].stride(-1) == 1  # as GatedAttention hands them over
@@ -119,7 +132,7 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             reference_bf16 = triangle_attention_core(q, k, v, bias, mask, scale)
         torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
         cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
-        cases[-1] |= dict(zip(("config", "group_queries", "via"), INTERPRETER_CASES[index][-3:], strict=True))
+        cases[-1] |= dict(zip(("config", "group_queries", "via"), INTERPRETER_CASES[index][-4:-1], strict=True))
     outputs = run_interpreted(__file__, cases, tmp_path)
     for name, batch, rows, tokens, head_dim, dtype, *_ in INTERPRETER_CASES:
         out = outputs[name]
@@ -130,6 +143,23 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             assert error <= FP32_TOL, (name, error)
         else:  # rounding like the tensor cores: no worse than PyTorch's own bf16 path
             assert error <= BF16_TOL and error <= 1.5 * torch_bf16_errors[name], (name, error, torch_bf16_errors[name])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_masks_fold_the_key_mask_that_rows_share():
+    """A token mask's pair mask: every valid row conforms (the folded path), padding rows do not, and
+    the shared key bias masks exactly the padding keys; per-row random masks: no row conforms."""
+    from foldmill.kernels.triton_triangle_attention_kernel import MASK_LOGIT, _masks
+
+    *_, mask = model_inputs(2, 6, 40, 16, seed=3, row_offset=1, token_mask=True)
+    shared, per_row, conforming = _masks(mask, 2, 6, 40, torch.bfloat16)
+    tokens_valid = mask[:, :, 0, 0, :].any(1)
+    assert torch.equal(conforming.bool(), mask[:, :, 0, 0, :].any(-1))  # row 2 (token 3) is padding
+    assert not conforming[:, 2].any() and conforming[:, [0, 1, 3, 4, 5]].all()
+    assert torch.equal(shared == MASK_LOGIT, ~tokens_valid) and (shared[tokens_valid] == 0).all()
+    assert per_row.shape == (2, 6, 256) and (per_row[:, :, 40:] == MASK_LOGIT).all()
+    *_, random_mask = model_inputs(1, 6, 40, 16, seed=3)
+    assert not _masks(random_mask, 1, 6, 40, torch.float32)[2].any()
 
 
 # (name, rows, tokens, head dim, compute dtype, block config): the gate fused into the kernel's store.
@@ -226,15 +256,19 @@ def _needs_triton() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("token_mask", [False, True])
 @pytest.mark.parametrize("tokens", [128, 384, 1000])
-def test_flash_kernel_gpu_parity_in_bf16(tokens):
+def test_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     """bf16 kernel vs the fp32 reference on the same inputs: a chunk of rows (strided views at a row
-    offset, as with chunk_size), the model's permuted bias, masked keys and a fully masked row."""
+    offset, as with chunk_size), the model's permuted bias, masked keys and a fully masked row; with
+    token_mask, the model's pair mask (the folded path, and the per-row one for its padding rows)."""
     _needs_triton()
     rows = 24
-    q, k, v, bias, mask = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=5)
+    q, k, v, bias, mask = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=2, token_mask=token_mask)
     expected = triangle_attention_core(q, k, v, bias, mask, 32**-0.5)
-    low = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=5)
+    low = model_inputs(
+        1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2, token_mask=token_mask
+    )
     assert low[0].stride() == q.stride() and not q.is_contiguous()  # strided views of the projection
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         out = triton_triangle_attention.triangle_attention(*low, 32**-0.5)
@@ -245,14 +279,16 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("token_mask", [False, True])
 @pytest.mark.parametrize("tokens", [136, 1000])
-def test_gated_flash_kernel_gpu_parity_in_bf16(tokens):
+def test_gated_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     """The fused-gate backend (what GatedAttention runs on the GPU) vs the fp32 gated reference."""
     _needs_triton()
-    *exact, gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", row_offset=5, with_gate=True)
+    *exact, gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", row_offset=2, with_gate=True,
+                                token_mask=token_mask)  # fmt: skip
     expected = gated_triangle_attention(*exact, 32**-0.5, gate, None)
-    *low, low_gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=5,
-                                  with_gate=True)  # fmt: skip
+    *low, low_gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2,
+                                  with_gate=True, token_mask=token_mask)  # fmt: skip
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         out = triton_triangle_attention.gated_triangle_attention(*low, 32**-0.5, low_gate, 128)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cuts .wheels/ and the given folders (prepared features, a Boltz mols folder, ...) into one tar stream
-# of 56 MiB parts, .carry-parts/part-NN (git-excluded): each part plus the working tree fits one
+# of 48 MiB parts, .carry-parts/part-NN (git-excluded): each part plus the working tree fits one
 # device call (64 MiB). On the machine, each call copies its part to /tmp/parts; then
 # scripts/device/unpack.sh joins and installs them.
 #   scripts/device/pack_carries.sh .carry/feats .carry/mols
@@ -14,5 +14,5 @@ mkdir -p .carry-parts
 # shellcheck disable=SC2086  # PACK_FIRST is a list of globs
 first=(${PACK_FIRST:-})
 tar cf - "${first[@]}" $(for path in .wheels "$@"; do find "$path" -type f; done | grep -vxF -f <(printf '%s\n' "${first[@]}")) \
-    | split -b 56M -d - .carry-parts/part-
+    | split -b 48M -d - .carry-parts/part-
 ls -l .carry-parts

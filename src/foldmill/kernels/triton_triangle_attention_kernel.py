@@ -4,18 +4,22 @@ Flash attention with the triangle bias. One program takes BLOCK_M queries of one
 for a pair of rows i (the bias is the same for every row, so each bias tile is loaded and
 converted once for both) and walks the keys in BLOCK_N blocks. Per row and key block:
 
-    logits = (scale * q) k^T + bias tile + key bias    fp32: the bias tile is the product's initial
-                                                       accumulator, the key bias a broadcast add
+    logits = (scale * q) k^T + bias tile [+ key bias]    fp32: the bias tile is the product's
+                                                         initial accumulator
     online softmax in fp32 (running max and sum, exp2); acc += p v, p rounded to the compute dtype
 
-Both rows' logits products are issued before either row's softmax, so the tensor cores work on
-the second while the ALUs take the first. Measured on the H200 (session 7, `attention_variants.py`),
-the broadcast add and this order together were 6.5-7.4% faster at 1,024-2,560 tokens than a rank-1
-tensor-core product for the key bias and row-by-row order.
+Masks: the launcher folds the key mask the rows share (their union: for a pair mask made from a
+token mask, the valid tokens) into its one key-contiguous copy of the bias (MASK_LOGIT where masked).
+A row pair whose masks both equal it (every row of a token-mask outer product but the padding rows)
+runs the loop without any key bias: 22% fewer instructions per key block, and 13-17% faster at
+1,700-2,472 tokens on the H200 (session 9, `attention_variants.py`). Any other row pair (a padding
+row, or masks that differ from row to row) adds its rows' own key biases (0 or MASK_LOGIT, built by
+the launcher) as a broadcast add, and gets the reference's result either way: its masked keys are
+at least MASK_LOGIT down. Keys past the end read MASK_LOGIT as bias (their k and v read zeros).
+The (queries x keys) logits never reach HBM.
 
-The key bias (0 for valid keys, MASK_LOGIT for masked and padding keys, one row per (batch, row
-i)) is built by the launcher, so no per-logit select is needed; keys past the end are masked by
-it too (their k, v and bias loads read zeros). The (queries x keys) logits never reach HBM.
+Both rows' logits products are issued before either row's softmax, so the tensor cores work on
+the second while the ALUs take the first (session 7: 6.5-7.4% faster than row by row).
 
 Memory traffic: the bias and key-bias tiles of the next key block are prefetched into registers
 one step ahead (Triton's pipeliner stages only dot operands loaded from memory, k and v, through
@@ -43,6 +47,7 @@ from foldmill.kernels.triton_support import dot_flags
 GROUP_QUERIES = 1024
 # Additive logit of masked keys, as in the reference (foldmill.model.layers.triangle_attention).
 MASK_LOGIT = -1e9
+MASKED_BIAS = tl.constexpr(MASK_LOGIT)  # the same, as the kernel reads it (-inf in an fp16 bias)
 # Key-bias rows are padded to a multiple of the widest key block, plus one block for the last
 # step's prefetch; the padding is masked.
 KEY_PADDING = 128
@@ -81,11 +86,16 @@ def candidates(head_dim: int) -> tuple[BlockConfig, ...]:
 
 
 @triton.jit
-def _logits(q, k_row, k_stride_j, key_bias, key, key_ok, dim, bias, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One row's logits for one key block: (scale * q) k^T + bias tile + key bias, fp32."""
+def _logits(
+    q, k_row, k_stride_j, key_bias, key, key_ok, dim, bias, PER_ROW_KEY_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):  # fmt: skip
+    """One row's logits for one key block: (scale * q) k^T + bias tile (+ the row's key bias), fp32."""
     k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
     logits = tl.dot(q, dot_operand(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
-    return logits + key_bias.to(tl.float32)[None, :]
+    if PER_ROW_KEY_BIAS:
+        logits += key_bias.to(tl.float32)[None, :]
+    return logits
 
 
 @triton.jit
@@ -99,6 +109,7 @@ def _softmax_update(
     running_max,
     running_sum,
     acc,
+    CLAMP_P: tl.constexpr,
     DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
@@ -107,12 +118,16 @@ def _softmax_update(
     new_max = tl.maximum(running_max, tl.max(logits, axis=1))
     new_max_log2 = new_max * LOG2E
     # The compiler contracts x * LOG2E - m into an FMA, so an exponent can round above 0. For a row
-    # whose keys are all masked the logits sit near MASK_LOGIT, where that reaches +64: p <= 2^64 is
-    # finite in bf16 and fp32 (fp16's mask logit, -65504, rounds by < 0.01). The correction's clamp
-    # keeps those from compounding over key blocks, which overflowed to inf/NaN on the H200 (1,000
-    # tokens, fully masked padding row) when both were unclamped. A clamp on p as well cost 1-4%.
+    # whose keys are all masked the logits sit near MASK_LOGIT (twice it on the per-row path, where
+    # the folded bias adds its own), where that reaches +64 (+128): unclamped, p and the correction
+    # overflowed to inf/NaN on the H200 (1,000 tokens, fully masked padding row). The correction is
+    # always clamped, which keeps p's rounding from compounding over key blocks; p itself only on the
+    # per-row path (p <= 2^64 is finite, 2^128 is not). Clamping p on the folded path too cost 1-4%.
     correction = tl.math.exp2(tl.minimum(running_max * LOG2E - new_max_log2, 0.0))  # 0 at the first block
-    p = tl.math.exp2(logits * LOG2E - new_max_log2[:, None])
+    p = logits * LOG2E - new_max_log2[:, None]
+    if CLAMP_P:
+        p = tl.minimum(p, 0.0)
+    p = tl.math.exp2(p)
     running_sum = running_sum * correction + tl.sum(p, axis=1)
     v = tl.load(v_row + key[:, None] * v_stride_j + dim[None, :], mask=key_ok[:, None], other=0.0)
     p = rounded(p, DTYPE, EMULATE_BF16)
@@ -134,6 +149,55 @@ def _store_row(
     tl.store(out_tile, out, mask=store_ok[:, None])
 
 
+@triton.jit
+def _attend_row_pair(
+    q0, q1, k_head, k_stride_i, k_stride_j, v_head, v_stride_i, v_stride_j, row0, row1, bias_rows, key_bias_row0,
+    key_bias_row1, keys, dim, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PER_ROW_KEY_BIAS: tl.constexpr, DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):  # fmt: skip
+    """Both rows' unnormalised outputs and softmax sums over every key block."""
+    max0 = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    sum0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    max1, sum1, acc1 = max0, sum0, acc0
+    key = tl.arange(0, BLOCK_N)
+    # Keys past the end get MASKED_BIAS from the bias (no key bias masks them on the folded path).
+    bias = tl.load(bias_rows + key[None, :], mask=(key < keys)[None, :], other=MASKED_BIAS)
+    key_bias0 = tl.load(key_bias_row0 + key)  # key-bias rows are padded: always in bounds
+    key_bias1 = tl.load(key_bias_row1 + key)
+    for start in range(0, keys, BLOCK_N):
+        key = start + tl.arange(0, BLOCK_N)
+        key_ok = key < keys
+        next_key = key + BLOCK_N
+        next_bias = tl.load(bias_rows + next_key[None, :], mask=(next_key < keys)[None, :], other=MASKED_BIAS)
+        next_key_bias0 = key_bias0
+        next_key_bias1 = key_bias1
+        if PER_ROW_KEY_BIAS:
+            next_key_bias0 = tl.load(key_bias_row0 + next_key)
+            next_key_bias1 = tl.load(key_bias_row1 + next_key)
+        bias_f32 = bias.to(tl.float32)
+        k_row0, k_row1 = k_head + row0 * k_stride_i, k_head + row1 * k_stride_i
+        logits0 = _logits(
+            q0, k_row0, k_stride_j, key_bias0, key, key_ok, dim, bias_f32, PER_ROW_KEY_BIAS, DOT_PRECISION, EMULATE_BF16
+        )
+        logits1 = _logits(
+            q1, k_row1, k_stride_j, key_bias1, key, key_ok, dim, bias_f32, PER_ROW_KEY_BIAS, DOT_PRECISION, EMULATE_BF16
+        )
+        v_row0, v_row1 = v_head + row0 * v_stride_i, v_head + row1 * v_stride_i
+        max0, sum0, acc0 = _softmax_update(
+            logits0, v_row0, v_stride_j, key, key_ok, dim, max0, sum0, acc0, PER_ROW_KEY_BIAS, DTYPE, DOT_PRECISION,
+            EMULATE_BF16,
+        )  # fmt: skip
+        max1, sum1, acc1 = _softmax_update(
+            logits1, v_row1, v_stride_j, key, key_ok, dim, max1, sum1, acc1, PER_ROW_KEY_BIAS, DTYPE, DOT_PRECISION,
+            EMULATE_BF16,
+        )  # fmt: skip
+        bias = next_bias
+        key_bias0 = next_key_bias0
+        key_bias1 = next_key_bias1
+    return acc0, sum0, acc1, sum1
+
+
 @triton.jit(do_not_specialize=["rows", "queries", "keys", "tuning_class"])  # one compilation for all sizes
 def _attention_kernel(
     q_ptr,
@@ -141,6 +205,7 @@ def _attention_kernel(
     v_ptr,
     bias_ptr,
     key_bias_ptr,
+    conform_ptr,
     gate_ptr,
     out_ptr,
     rows,
@@ -165,6 +230,7 @@ def _attention_kernel(
     bias_stride_q,
     key_bias_stride_b,
     key_bias_stride_i,
+    conform_stride_b,
     gate_stride_b,
     gate_stride_i,
     gate_stride_j,
@@ -218,41 +284,27 @@ def _attention_kernel(
     q1 = rounded(dot_operand(q1, EMULATE_BF16) * scale, dtype, EMULATE_BF16)
     k_head = k_ptr + batch * k_stride_b + head * k_stride_h
     v_head = v_ptr + batch * v_stride_b + head * v_stride_h
-    key_bias_row0 = key_bias_ptr + batch * key_bias_stride_b + row0 * key_bias_stride_i
-    key_bias_row1 = key_bias_ptr + batch * key_bias_stride_b + row1 * key_bias_stride_i
     # Queries past the end read the last query's bias row (in bounds; their output is not stored).
     last_query = tl.minimum(query, queries - 1)
     bias_rows = bias_ptr + batch * bias_stride_b + head * bias_stride_h + last_query[:, None] * bias_stride_q
 
-    max0 = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    sum0 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc0 = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    max1, sum1, acc1 = max0, sum0, acc0
-    key = tl.arange(0, BLOCK_N)
-    bias = tl.load(bias_rows + key[None, :], mask=(key < keys)[None, :], other=0.0)
-    key_bias0 = tl.load(key_bias_row0 + key)  # key-bias rows are padded: always in bounds
-    key_bias1 = tl.load(key_bias_row1 + key)
-    for start in range(0, keys, BLOCK_N):
-        key = start + tl.arange(0, BLOCK_N)
-        key_ok = key < keys
-        next_key = key + BLOCK_N
-        next_bias = tl.load(bias_rows + next_key[None, :], mask=(next_key < keys)[None, :], other=0.0)
-        next_key_bias0 = tl.load(key_bias_row0 + next_key)
-        next_key_bias1 = tl.load(key_bias_row1 + next_key)
-        bias_f32 = bias.to(tl.float32)
-        k_row0, k_row1 = k_head + row0 * k_stride_i, k_head + row1 * k_stride_i
-        logits0 = _logits(q0, k_row0, k_stride_j, key_bias0, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
-        logits1 = _logits(q1, k_row1, k_stride_j, key_bias1, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
-        v_row0, v_row1 = v_head + row0 * v_stride_i, v_head + row1 * v_stride_i
-        max0, sum0, acc0 = _softmax_update(
-            logits0, v_row0, v_stride_j, key, key_ok, dim, max0, sum0, acc0, dtype, DOT_PRECISION, EMULATE_BF16
-        )
-        max1, sum1, acc1 = _softmax_update(
-            logits1, v_row1, v_stride_j, key, key_ok, dim, max1, sum1, acc1, dtype, DOT_PRECISION, EMULATE_BF16
-        )
-        bias = next_bias
-        key_bias0 = next_key_bias0
-        key_bias1 = next_key_bias1
+    # Rows whose key mask is the one folded into the bias take the loop without key biases.
+    conform_rows = conform_ptr + batch * conform_stride_b
+    folded = (tl.load(conform_rows + row0) != 0) & (tl.load(conform_rows + row1) != 0)
+    key_bias_row0 = key_bias_ptr + batch * key_bias_stride_b + row0 * key_bias_stride_i
+    key_bias_row1 = key_bias_ptr + batch * key_bias_stride_b + row1 * key_bias_stride_i
+    if folded:
+        acc0, sum0, acc1, sum1 = _attend_row_pair(
+            q0, q1, k_head, k_stride_i, k_stride_j, v_head, v_stride_i, v_stride_j, row0, row1, bias_rows,
+            key_bias_row0, key_bias_row1, keys, dim, BLOCK_M, BLOCK_N, HEAD_DIM, False, dtype, DOT_PRECISION,
+            EMULATE_BF16,
+        )  # fmt: skip
+    else:
+        acc0, sum0, acc1, sum1 = _attend_row_pair(
+            q0, q1, k_head, k_stride_i, k_stride_j, v_head, v_stride_i, v_stride_j, row0, row1, bias_rows,
+            key_bias_row0, key_bias_row1, keys, dim, BLOCK_M, BLOCK_N, HEAD_DIM, True, dtype, DOT_PRECISION,
+            EMULATE_BF16,
+        )  # fmt: skip
 
     # out[b, i, h, j, d] at the given strides (d contiguous); the gate in (B, I, Jq, H * D) (d contiguous).
     out_head = out_ptr + batch * out_stride_b + head * out_stride_h + query[:, None] * out_stride_j + dim[None, :]
@@ -291,20 +343,37 @@ _autotuned_kernel = triton.autotune(
 )(_attention_kernel)
 
 
-def _key_bias(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -> Tensor:
-    """(B, I, padded keys): 0 where the key is valid, MASK_LOGIT where it is masked or padding.
+def _masks(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """The masks as the kernel reads them: (shared key bias (B, keys), per-row key biases (B, I, padded),
+    conforming rows (B, I) int8).
 
-    mask: (B or 1, I or 1, 1, 1, keys), nonzero = valid. Padded to a multiple of KEY_PADDING plus
-    one KEY_PADDING (the kernel prefetches one key block past the last). In fp16, whose range ends
-    at 65504, masked keys get its lowest value instead (still exp -> 0 beside any valid key, and
-    finite, so rows without a valid key stay finite).
+    mask: (B or 1, I or 1, 1, 1, keys), nonzero = valid. The shared key mask is the union of the rows'
+    (for a pair mask made from a token mask: the valid tokens); a row conforms when its mask is that
+    union, which every row of a token-mask outer product but the padding rows does. Key biases are 0
+    for valid keys and MASK_LOGIT for masked ones; in fp16, whose range ends at 65504, its lowest
+    value instead (still exp -> 0 beside any valid key, and finite). Per-row rows are padded to a
+    multiple of KEY_PADDING plus one KEY_PADDING (the kernel prefetches one key block past the last).
     """
-    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
     mask_logit = max(MASK_LOGIT, torch.finfo(dtype).min)
-    out = torch.full((batch, rows, padded), mask_logit, device=mask.device, dtype=dtype)
     valid = mask.expand(batch, rows, 1, 1, keys)[:, :, 0, 0, :]
-    out[:, :, :keys].masked_fill_(valid if valid.dtype == torch.bool else valid != 0, 0.0)
-    return out
+    valid = valid if valid.dtype == torch.bool else valid != 0
+    shared = valid.any(1)
+    conforming = (valid == shared[:, None, :]).all(-1).to(torch.int8)
+    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
+    per_row = torch.full((batch, rows, padded), mask_logit, device=mask.device, dtype=dtype)
+    per_row[:, :, :keys].masked_fill_(valid, 0.0)
+    shared_bias = torch.zeros(batch, keys, device=mask.device, dtype=dtype).masked_fill_(~shared, mask_logit)
+    return shared_bias, per_row, conforming
+
+
+def _folded_bias(bias: Tensor, shared_key_bias: Tensor, compute_dtype: torch.dtype) -> Tensor:
+    """bias (B or 1, 1, H, Jq, Jk) + the shared key bias (B, Jk): (B, 1, H, Jq, Jk), key-contiguous, made in
+    one pass. A key-contiguous bias keeps its dtype; another is read in the compute dtype (fp32 for
+    fp32 compute)."""
+    batch, keys = shared_key_bias.shape
+    dtype = bias.dtype if bias.stride(-1) == 1 or compute_dtype == torch.float32 else compute_dtype
+    folded = torch.empty(batch, *bias.shape[1:], device=bias.device, dtype=dtype)
+    return torch.add(bias, shared_key_bias.to(dtype).view(batch, 1, 1, 1, keys), out=folded)
 
 
 def flash_triangle_attention(
@@ -325,10 +394,9 @@ def flash_triangle_attention(
     GatedAttention's output projection; no separate sigmoid, multiply and transpose passes).
 
     q: (B, I, H, Jq, D); k, v: (B, I, H, Jk, D), any strides (read in place; copied only if their
-    last axis is strided or their dtype is not the compute dtype); bias: (B or 1, 1, H, Jq, Jk),
-    copied key-contiguous in the compute dtype when it is not key-contiguous (the model's bias is
-    a permuted (B, N, N, H) projection); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid
-    key. D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
+    last axis is strided or their dtype is not the compute dtype); bias: (B or 1, 1, H, Jq, Jk), read
+    from one key-contiguous copy with the rows' shared key mask folded in (in the compute dtype unless
+    it already was key-contiguous); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid key. D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
     CPU tensors run the interpreter with the first candidate); `group_queries` is the L2 grouping
     (tests shrink it to exercise partial groups). fp32 compute runs exact fp32 dots ("ieee").
     """
@@ -337,10 +405,6 @@ def flash_triangle_attention(
     q, k, v = (
         t if t.dtype == compute_dtype and t.stride(-1) == 1 else t.to(compute_dtype).contiguous() for t in (q, k, v)
     )
-    if bias.stride(-1) != 1:
-        bias_dtype = bias.dtype if compute_dtype == torch.float32 else compute_dtype
-        bias = torch.empty(bias.shape, device=bias.device, dtype=bias_dtype).copy_(bias)  # one pass
-    bias = bias.expand(batch, 1, heads, queries, keys)
     if gate is None:
         out = torch.empty(batch, rows, heads, queries, head_dim, device=q.device, dtype=compute_dtype)
         out_strides = out.stride()[:4]
@@ -351,12 +415,13 @@ def flash_triangle_attention(
         out_strides = (out.stride(0), out.stride(1), head_dim, out.stride(2))  # (b, i, h, j)
     if out.numel() == 0:
         return out
-    key_biases = _key_bias(mask, batch, rows, keys, compute_dtype)
+    shared_key_bias, key_biases, conforming = _masks(mask, batch, rows, keys, compute_dtype)
+    bias = _folded_bias(bias, shared_key_bias, compute_dtype)
     on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
     gate_arg = out if gate is None else gate  # never read without GATED
-    args = (q, k, v, bias, key_biases, gate_arg, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
+    args = (q, k, v, bias, key_biases, conforming, gate_arg, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
     strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
-    strides += (*key_biases.stride()[:2], *gate_arg.stride()[:3], *out_strides)
+    strides += (*key_biases.stride()[:2], conforming.stride(0), *gate_arg.stride()[:3], *out_strides)
     shape_args = {
         "HEADS": heads,
         "HEAD_DIM": head_dim,

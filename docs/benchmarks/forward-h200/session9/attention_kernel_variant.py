@@ -81,11 +81,13 @@ def candidates(head_dim: int) -> tuple[BlockConfig, ...]:
 
 
 @triton.jit
-def _logits(q, k_row, k_stride_j, key_bias, key, key_ok, dim, bias, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+def _logits(q, k_row, k_stride_j, key_bias, key, key_ok, dim, bias, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, PER_ROW_KEY_BIAS: tl.constexpr):
     """One row's logits for one key block: (scale * q) k^T + bias tile + key bias, fp32."""
     k_t = tl.load(k_row + key[None, :] * k_stride_j + dim[:, None], mask=key_ok[None, :], other=0.0)
     logits = tl.dot(q, dot_operand(k_t, EMULATE_BF16), bias, input_precision=DOT_PRECISION)
-    return logits + key_bias.to(tl.float32)[None, :]
+    if PER_ROW_KEY_BIAS:
+        logits = logits + key_bias.to(tl.float32)[None, :]
+    return logits
 
 
 @triton.jit
@@ -186,7 +188,8 @@ def _attention_kernel(
     EMULATE_BF16: tl.constexpr,
     TWO_ROWS: tl.constexpr = True,
     CLAMP_P: tl.constexpr = True,
-    MMAV2: tl.constexpr = False,  # only keys the compiled kernel: DISABLE_MMA_V3 is set while it compiles
+    MMAV2: tl.constexpr = False,
+    PER_ROW_KEY_BIAS: tl.constexpr = True,  # False: the launcher folded the (row-shared) key bias into the bias  # only keys the compiled kernel: DISABLE_MMA_V3 is set while it compiles
 ):
     # ALIGN divides both (the launcher makes sure); said this way the compiler vectorises the bias loads.
     keys = (keys // ALIGN) * ALIGN
@@ -247,9 +250,9 @@ def _attention_kernel(
         next_key_bias1 = tl.load(key_bias_row1 + next_key) if TWO_ROWS else next_key_bias0
         bias_f32 = bias.to(tl.float32)
         k_row0, k_row1 = k_head + row0 * k_stride_i, k_head + row1 * k_stride_i
-        logits0 = _logits(q0, k_row0, k_stride_j, key_bias0, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
+        logits0 = _logits(q0, k_row0, k_stride_j, key_bias0, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16, PER_ROW_KEY_BIAS)
         if TWO_ROWS:
-          logits1 = _logits(q1, k_row1, k_stride_j, key_bias1, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16)
+          logits1 = _logits(q1, k_row1, k_stride_j, key_bias1, key, key_ok, dim, bias_f32, DOT_PRECISION, EMULATE_BF16, PER_ROW_KEY_BIAS)
         v_row0, v_row1 = v_head + row0 * v_stride_i, v_head + row1 * v_stride_i
         max0, sum0, acc0 = _softmax_update(
             logits0, v_row0, v_stride_j, key, key_ok, dim, max0, sum0, acc0, dtype, DOT_PRECISION, EMULATE_BF16, CLAMP_P
@@ -284,12 +287,17 @@ def _key_bias(mask, batch, rows, keys, dtype, mask_logit):
 
 
 def launch(q, k, v, bias, mask, scale, gate, block_m, block_n, warps, stages, two_rows=True, clamp=True, maxnreg=None,
-           mmav2=False, group_queries=GROUP_QUERIES, mask_logit=MASK_LOGIT):
+           mmav2=False, group_queries=GROUP_QUERIES, mask_logit=MASK_LOGIT, fold_key_bias=False, bias_fp32=False):
     """The gated kernel on model-layout inputs (bias key-contiguous in bf16), one variant."""
     import os
 
     batch, rows, heads, queries, head_dim = q.shape
     keys = k.shape[-2]
+    if fold_key_bias:  # rows share one key mask (a token-mask outer product): fold it into the bias, once
+        key_valid = mask.reshape(mask.shape[0], -1, keys).any(1)  # (B, keys)
+        bias = bias + torch.where(key_valid, 0.0, mask_logit).to(bias.dtype)[:, None, None, None, :]
+    if bias_fp32:
+        bias = bias.float()
     bias = bias.expand(batch, 1, heads, queries, keys)
     out = torch.empty(batch, rows, queries, heads * head_dim, device=q.device, dtype=q.dtype)
     out_strides = (out.stride(0), out.stride(1), head_dim, out.stride(2))
@@ -305,7 +313,7 @@ def launch(q, k, v, bias, mask, scale, gate, block_m, block_n, warps, stages, tw
         _attention_kernel[(programs * triton.cdiv(queries, block_m),)](
             *args, *strides, HEADS=heads, HEAD_DIM=head_dim, GROUP_QUERIES=group_queries,
             ALIGN=math.gcd(16, keys, *bias.stride()[:-1]), GATED=True, DOT_PRECISION="tf32", EMULATE_BF16=False,
-            TWO_ROWS=two_rows, CLAMP_P=clamp, MMAV2=mmav2, BLOCK_M=block_m, BLOCK_N=block_n,
+            TWO_ROWS=two_rows, CLAMP_P=clamp, MMAV2=mmav2, PER_ROW_KEY_BIAS=not fold_key_bias, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=warps, num_stages=stages, **options,
         )
     finally:

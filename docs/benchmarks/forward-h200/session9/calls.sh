@@ -10,9 +10,13 @@ mini() {  # the gemmi wheel (.carry-mini): foldmill's kernels import the package
 variants() {
   mini
   nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
-  timeout ${VARIANTS_TIMEOUT:-420} python3 $S/attention_variants.py $OUT/variants ${VARIANT_SIZES:-1700,2472} $VARIANT_NAMES \
+  timeout ${VARIANTS_TIMEOUT:-420} python3 $S/attention_variants.py $OUT/variants ${VARIANT_SIZES:-1700,2472} "$VARIANT_NAMES" $SHIPPED_CONFIGS \
     > $OUT/variants.log 2>&1
   echo "variants rc=$?"; grep '^{' $OUT/variants.log | cut -c1-200
+  if [ -n "$ATTENTION_TESTS" ]; then  # lease 3: the shipped kernel's GPU tests
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_triton_attention.py > $OUT/attention_tests.log 2>&1
+    echo "attention gpu tests rc=$?"; tail -2 $OUT/attention_tests.log
+  fi
 }
 
 # Lease 3, one call per carried part (parts 00-04; the machine stays warm ~30 s between calls).
