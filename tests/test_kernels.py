@@ -120,6 +120,28 @@ def test_modules_route_through_the_registry():
     assert relative_error(routed, expected) <= FP32_TOL
 
 
+def test_load_backends_imports_each_backend_of_the_device_once_up_front():
+    checked = []
+    registry.register_op(
+        "probe_op",
+        OpSpec(
+            tokens=lambda x: x.shape[0],
+            backends=(
+                Backend("here", lambda x: x, frozenset({"cpu"}), frozenset({torch.float32}), lambda: checked.append(1) is None),
+                Backend("gone", lambda x: x, frozenset({"cpu"}), frozenset({torch.float32}), lambda: False),
+                Backend("gpu", lambda x: x, frozenset({"cuda"}), frozenset({torch.float32}), lambda: checked.append(2) is None),
+            ),
+        ),
+    )
+    try:
+        loaded = kernels.load_backends("cpu")
+    finally:
+        registry._ops.pop("probe_op")
+        registry._choices.clear()
+    assert "probe_op/here" in loaded and "probe_op/gone" not in loaded and "probe_op/gpu" not in loaded
+    assert checked == [1]  # the CUDA backend's package is not imported for a CPU replica
+
+
 @pytest.fixture
 def fake_op():
     """A test op with one backend whose behaviour the test sets."""

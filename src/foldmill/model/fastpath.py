@@ -289,6 +289,8 @@ class FastBoltz2:
                 capacity=self.options.graph_capacity,
             )
         self.stage_seconds: dict[str, float] = {}
+        if self.options.kernels:
+            kernels.load_backends(self.device.type)
 
     def _autocast(
         self, device: torch.device, dtype: torch.dtype | None = None, cache: bool = True
