@@ -73,4 +73,16 @@ gpucheck() {
   echo "forward rc=$?"; tail -6 $OUT/fw.log
 }
 
+# Lease 7 (parts 00-01): the first target with kernels.load_backends, on a fresh machine: one run to
+# fill the Triton cache, then the measured one on it.
+firsttarget() {
+  stage
+  extract_prefix
+  for run in fill measured; do
+    TRITON_CACHE_DIR=/tmp/kernel-cache timeout 150 python3 $S/first_target_profile.py $OUT/first_target_$run $F \
+      > $OUT/first_target_$run.log 2>&1
+    echo "first target $run rc=$?"; grep '^{' $OUT/first_target_$run.log
+  done
+}
+
 "$@"
