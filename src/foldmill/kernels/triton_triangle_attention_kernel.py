@@ -67,11 +67,13 @@ class BlockConfig:
 
 
 # sm_90 candidates (Triton 3.6, ptxas for sm_90a), the default first. Head dims 16/32, measured on the
-# H200 with the fused gate (1 x N rows x 4 heads x 32, session 9, `attention_variants.py`): 64 x 32 tiles
-# at 4 warps, 3 stages and 128 registers (four programs per SM instead of two) took 0.70 / 4.05 / 17.8 /
-# 51.8 ms at 512 / 1,024 / 1,700 / 2,472 tokens, against 0.72 / 4.52 / 19.1 / 55.2 for session 7's 64 x 64
-# tiles (228 registers). Capping those at 168, 128 x 64 or 128 x 32 tiles at 8 warps, mma.sync instead
-# of wgmma, 2 or 4 stages, one row per program and 64 x 128 tiles all lost or tied at 1,700 and 2,472.
+# H200 with the fused gate (1 x N rows x 4 heads x 32, the model's masks; session 9,
+# `attention_variants.py`): 64 x 32 tiles at 4 warps, 3 stages and 128 registers (four programs per SM
+# instead of two) take 0.76 / 3.77 / 15.8 / 44.5 ms at 512 / 1,024 / 1,700 / 2,472 tokens, against
+# 0.72 / 4.52 / 19.1 / 55.2 for session 7's 64 x 64 tiles (228 registers) before the key mask was
+# folded. 64 x 64 tiles in this two-loop kernel take 49.6 ms at 2,472 uncapped, 62-84 capped at 168 or
+# 128 registers. Before the fold, 128 x 64 or 128 x 32 tiles at 8 warps, mma.sync instead of wgmma, 2 or
+# 4 stages, one row per program and 64 x 128 tiles all lost or tied at 1,700 and 2,472 tokens.
 # So one candidate: no autotuning, whose every extra candidate costs ~1 s of compilation in each new
 # process (every Slurm job's replica). Head dim 64 (not a Boltz-2 width): 128 x 128 tiles spill and
 # need 256 KB of shared memory at 3 stages, so only the narrower tiles; not re-measured since session 6.

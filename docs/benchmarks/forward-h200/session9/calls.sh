@@ -6,20 +6,21 @@ mini() {  # the gemmi wheel (.carry-mini): foldmill's kernels import the package
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry-mini/*.whl > /tmp/pip.log 2>&1 || tail -3 /tmp/pip.log
 }
 
-# Lease 1: launch variants of the flash triangle-attention kernel (attention_variants.py).
+# Leases 1-4: launch variants of the flash triangle-attention kernel (attention_variants.py; the
+# variant names and sizes of each lease are in NOTES.md).
 variants() {
   mini
   nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
   timeout ${VARIANTS_TIMEOUT:-420} python3 $S/attention_variants.py $OUT/variants ${VARIANT_SIZES:-1700,2472} "$VARIANT_NAMES" $SHIPPED_CONFIGS \
     > $OUT/variants.log 2>&1
   echo "variants rc=$?"; grep '^{' $OUT/variants.log | cut -c1-200
-  if [ -n "$ATTENTION_TESTS" ]; then  # lease 3: the shipped kernel's GPU tests
+  if [ -n "$ATTENTION_TESTS" ]; then  # leases 3-4: the shipped kernel's GPU tests
     timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_triton_attention.py > $OUT/attention_tests.log 2>&1
     echo "attention gpu tests rc=$?"; tail -2 $OUT/attention_tests.log
   fi
 }
 
-# Lease 3, one call per carried part (parts 00-04; the machine stays warm ~30 s between calls).
+# Leases 5-7, one call per carried part (the machine stays warm ~30 s between calls).
 stage() { mkdir -p /tmp/parts && cp .carry-parts/part-* /tmp/parts/ && ls -l /tmp/parts; }
 
 # Lease 5, the last two calls. tp1 (with the last part): install everything; the attention GPU
