@@ -238,11 +238,15 @@ def test_shared_pair_bias_is_broadcast_and_equals_the_repeated_bias():
 def test_graphed_pairformer_runs_the_stack_eagerly_off_cuda(model, features):
     from foldmill.model.fastpath import GraphedPairformer
 
-    fast = FastBoltz2(model, FastPathOptions())
-    assert isinstance(fast.network.pairformer_module, GraphedPairformer)
+    assert not isinstance(FastBoltz2(model).network.confidence_module.pairformer_stack, GraphedPairformer)  # default off
+    fast = FastBoltz2(model, FastPathOptions(max_confidence_graph_tokens=512))
+    confidence_stack = fast.network.confidence_module.pairformer_stack
+    assert isinstance(fast.network.pairformer_module, GraphedPairformer) and isinstance(confidence_stack, GraphedPairformer)
     assert not isinstance(model.pairformer_module, GraphedPairformer)  # the caller's model is untouched
+    assert not isinstance(model.confidence_module.pairformer_stack, GraphedPairformer)
     fast.predict(copy_of(features), RECIPE)
-    assert fast.network.pairformer_module.graphs.captures == 0  # CPU: no graphs, no capture attempts
+    # CPU: no graphs, no capture attempts
+    assert fast.network.pairformer_module.graphs.captures == 0 and confidence_stack.graphs.captures == 0
 
 
 def test_outer_product_mean_by_token_rows_equals_unchunked():

@@ -315,12 +315,21 @@ def test_fast_path_on_gpu_graphs_equal_eager(data_dir):
     feats = load_features(data_dir / "features_130+167.npz", CUDA)
     model = demo_model(Boltz2Config.small(), seed=1).to(CUDA)
     recipe = InferenceRecipe(recycling_steps=1, sampling_steps=6, diffusion_samples=3, max_parallel_samples=2, seed=3)
-    graphed = FastBoltz2(model, FastPathOptions())
+    graphed = FastBoltz2(model, FastPathOptions(max_confidence_graph_tokens=512))
     eager = FastBoltz2(model, FastPathOptions(cuda_graphs=False))
     out_graphed, out_eager = graphed.predict(feats, recipe), eager.predict(feats, recipe)
     assert graphed.graphs.captures == 1  # one graph of the whole step, chunks of 2 and 1 samples inside
     assert len(graphed.graphs) == 0  # dropped after sampling: it would hold the run's conditioning
     for name in ("sample_atom_coords", "plddt", "pae"):
         assert relative_error(out_graphed[name], out_eager[name]) <= 1e-5, name
+    # A second target of the same size replays the trunk's and the confidence pairformer's graphs (the
+    # latter one per chunk of samples: 2 and 1).
+    confidence_graphs = graphed.network.confidence_module.pairformer_stack.graphs
+    assert confidence_graphs.captures == 2 and confidence_graphs.replays == 2
+    again = graphed.predict(feats, recipe)
+    assert confidence_graphs.captures == 2 and confidence_graphs.replays == 4
+    assert graphed.network.pairformer_module.graphs.replays >= 2
+    for name in ("sample_atom_coords", "plddt", "pae"):
+        assert relative_error(again[name], out_eager[name]) <= 1e-5, name
     reference = FastBoltz2(model, FastPathOptions(precision="fp32", kernels=False)).predict(feats, recipe)
     assert (out_graphed["plddt"] - reference["plddt"]).abs().max() < 0.05

@@ -26,7 +26,9 @@ stages in the same order, from the model's own modules; what it changes:
   captured per shape and replayed for every step (foldmill.kernels.cuda_graphs), and dropped when
   the sampling run ends (it reads that run's conditioning in place), up to
   `max_graph_tokens` tokens; the trunk's pairformer pass
-  (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager.
+  (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager. The
+  confidence module's pairformer can be graphed too (`max_confidence_graph_tokens`), off by default:
+  measured, it does not pay.
 - memory: above `sequential_confidence_tokens` tokens the confidence module scores one sample at
   a time; the diffusion conditioning stays in the compute dtype (the token transformer's bias is
   (T, T, 384): 25.7 GiB in bf16 at 6,000 tokens), built by blocks of token rows, and the graphed
@@ -84,6 +86,10 @@ class FastPathOptions:
     # 4.5 ms/block on the H200); at 1000 tokens a block takes 35 ms of GPU time, so a graph gains
     # little there while its memory pool (the pass's working set) stays reserved through diffusion.
     max_trunk_graph_tokens: int = 512
+    # The confidence module's pairformer likewise, up to this many tokens (0: never). Off by default: on
+    # the H200 (full-size model, 5 samples batched) a replay took what the eager stack takes, 0.041 s at
+    # 150 tokens and 0.121 s at 297, while each new shape's capture cost 0.33-3.0 s.
+    max_confidence_graph_tokens: int = 0
     trunk_residual: str = "fp32"  # s/z storage between trunk blocks: fp32 (OSS's numerics) or bf16
     graph_capacity: int = 4  # graphs kept (LRU)
     # Above this, confidence scores one sample at a time: batching 5 samples at 700 tokens peaked at
@@ -271,6 +277,11 @@ class FastBoltz2:
             self.network.pairformer_module = GraphedPairformer(
                 self.network.pairformer_module, self.options.max_trunk_graph_tokens, self.options.graph_capacity
             )
+            if self.options.max_confidence_graph_tokens > 0:
+                confidence = self.network.confidence_module
+                confidence.pairformer_stack = GraphedPairformer(
+                    confidence.pairformer_stack, self.options.max_confidence_graph_tokens, self.options.graph_capacity
+                )
         # With kernels on, sampling runs foldmill.model.fast_sampler's device-only steps over the
         # restructured score model (foldmill.model.fast_score), a whole step per graph replay; off,
         # the reference sampler with the score-model call replayed from a graph. The restructured

@@ -86,4 +86,18 @@ firsttarget() {
   done
 }
 
+# Lease 8 (parts 00-01, and features_150.npz carried in the tree in a folder removed afterwards,
+# bench-feats-tmp/): the confidence pairformer's graphs on and off (confidence_graphs.py), then the
+# graph GPU tests.
+confgraphs() {
+  stage
+  extract_prefix
+  timeout 120 python3 $S/confidence_graphs.py $OUT/confidence_graphs bench-feats-tmp/features_150.npz tests/data/features_130+167.npz \
+    > $OUT/confidence_graphs.log 2>&1
+  echo "confidence graphs rc=$?"; grep '^{' $OUT/confidence_graphs.log
+  timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k "graph" tests/test_kernels_fastpath.py \
+    > $OUT/graph_tests.log 2>&1
+  echo "graph tests rc=$?"; tail -2 $OUT/graph_tests.log
+}
+
 "$@"
