@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import attention_kernel_variant as variant  # noqa: E402
 
 from foldmill.kernels.triton_triangle_attention_kernel import BlockConfig, flash_triangle_attention  # noqa: E402
+from foldmill.runtime.timing import cuda_median_ms  # noqa: E402
 
 HEADS, DIM = 4, 32
 # Lease 1: name -> (block_m, block_n, warps, stages, two_rows, clamp, maxnreg, mmav2)
@@ -106,18 +107,9 @@ def reference_rows(q, k, v, bias, mask, gate, rows):
     return torch.stack(out)
 
 
-def timed(fn, reps: int = 5) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+def timed(fn) -> float:
+    """Median milliseconds of 5 calls after 2 warm-ups."""
+    return cuda_median_ms(fn, repeats=5, warmup=2)
 
 
 # Lease 4: the shipped launcher (folded key mask, two loops) with pinned block configurations.
