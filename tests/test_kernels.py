@@ -122,14 +122,15 @@ def test_modules_route_through_the_registry():
 
 def test_load_backends_imports_each_backend_of_the_device_once_up_front():
     checked = []
+    fp32 = frozenset({torch.float32})
     registry.register_op(
         "probe_op",
         OpSpec(
             tokens=lambda x: x.shape[0],
             backends=(
-                Backend("here", lambda x: x, frozenset({"cpu"}), frozenset({torch.float32}), lambda: checked.append(1) is None),
-                Backend("gone", lambda x: x, frozenset({"cpu"}), frozenset({torch.float32}), lambda: False),
-                Backend("gpu", lambda x: x, frozenset({"cuda"}), frozenset({torch.float32}), lambda: checked.append(2) is None),
+                Backend("here", lambda x: x, frozenset({"cpu"}), fp32, lambda: checked.append(1) is None),
+                Backend("gone", lambda x: x, frozenset({"cpu"}), fp32, lambda: False),
+                Backend("gpu", lambda x: x, frozenset({"cuda"}), fp32, lambda: checked.append(2) is None),
             ),
         ),
     )

@@ -238,10 +238,12 @@ def test_shared_pair_bias_is_broadcast_and_equals_the_repeated_bias():
 def test_graphed_pairformer_runs_the_stack_eagerly_off_cuda(model, features):
     from foldmill.model.fastpath import GraphedPairformer
 
-    assert not isinstance(FastBoltz2(model).network.confidence_module.pairformer_stack, GraphedPairformer)  # default off
+    default = FastBoltz2(model).network.confidence_module.pairformer_stack
+    assert not isinstance(default, GraphedPairformer)  # confidence graphs are off by default
     fast = FastBoltz2(model, FastPathOptions(max_confidence_graph_tokens=512))
     confidence_stack = fast.network.confidence_module.pairformer_stack
-    assert isinstance(fast.network.pairformer_module, GraphedPairformer) and isinstance(confidence_stack, GraphedPairformer)
+    assert isinstance(fast.network.pairformer_module, GraphedPairformer)
+    assert isinstance(confidence_stack, GraphedPairformer)
     assert not isinstance(model.pairformer_module, GraphedPairformer)  # the caller's model is untouched
     assert not isinstance(model.confidence_module.pairformer_stack, GraphedPairformer)
     fast.predict(copy_of(features), RECIPE)

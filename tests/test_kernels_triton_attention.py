@@ -59,7 +59,8 @@ def model_inputs(
         valid = torch.arange(row_offset + rows + tokens, device=device) < tokens - tokens // 8
         valid = torch.stack([valid & (torch.arange(valid.numel(), device=device) < tokens - b) for b in range(batch)])
         valid[:, 3] = False
-        mask = (valid[:, row_offset : row_offset + rows, None] & valid[:, None, :tokens]).view(batch, rows, 1, 1, tokens)
+        mask = valid[:, row_offset : row_offset + rows, None] & valid[:, None, :tokens]
+        mask = mask.view(batch, rows, 1, 1, tokens)
     inputs = (heads(q), heads(k), heads(v), bias.to(dtype).permute(0, 3, 1, 2).unsqueeze(1), mask)
     return (*inputs, gate) if with_gate else inputs
 
@@ -89,7 +90,8 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
 
 # (name, batch, rows, tokens, head dim, compute dtype, bias: "model" (permuted, bf16/fp32 as the
 # compute dtype) | "fp32_contiguous", block config (BLOCK_M, BLOCK_N, warps, stages) or None for the
-# default, L2 group size in queries, how to run, token mask: the model's kind of mask (folded path). 40 and 136 tokens are not multiples of the blocks;
+# default, L2 group size in queries, how to run, token mask: the model's kind of mask (the folded
+# path). 40 and 136 tokens are not multiples of the blocks;
 # 16 x 16 blocks with 32-query groups give several query/key blocks and a partial last group; odd row
 # counts leave the last row pair half empty. "backend" runs the registry backend under CPU autocast.
 INTERPRETER_CASES = [
@@ -106,7 +108,9 @@ INTERPRETER_CASES = [
 ]
 
 
-def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, dtype, bias_layout: str, token_mask: bool):
+def _case_inputs(
+    index: int, batch: int, rows: int, tokens: int, head_dim: int, dtype, bias_layout: str, token_mask: bool
+):
     """fp32 inputs for the reference, and the same values in `dtype` for the kernel."""
     exact = model_inputs(batch, rows, tokens, head_dim, seed=100 + index, row_offset=1, token_mask=token_mask)
     *low, low_bias, mask = model_inputs(
@@ -120,7 +124,8 @@ def _case_inputs(index: int, batch: int, rows: int, tokens: int, head_dim: int, 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
     cases, expected, valid, torch_bf16_errors = [], {}, {}, {}
-    for index, (name, batch, rows, tokens, head_dim, dtype, bias_layout, *_, token_mask) in enumerate(INTERPRETER_CASES):
+    for index, case in enumerate(INTERPRETER_CASES):
+        name, batch, rows, tokens, head_dim, dtype, bias_layout, *_, token_mask = case
         exact, low = _case_inputs(index, batch, rows, tokens, head_dim, dtype, bias_layout, token_mask)
         q, k, v, bias = exact
         mask, scale = low[-1], head_dim**-0.5
@@ -132,7 +137,7 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             reference_bf16 = triangle_attention_core(q, k, v, bias, mask, scale)
         torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
         cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
-        cases[-1] |= dict(zip(("config", "group_queries", "via"), INTERPRETER_CASES[index][-4:-1], strict=True))
+        cases[-1] |= dict(zip(("config", "group_queries", "via"), case[-4:-1], strict=True))
     outputs = run_interpreted(__file__, cases, tmp_path)
     for name, batch, rows, tokens, head_dim, dtype, *_ in INTERPRETER_CASES:
         out = outputs[name]
@@ -220,7 +225,9 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             compiled = triton.compile(
                 ASTSource(_attention_kernel, signature, constants, attrs),
                 target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.max_registers},
+                options={
+                    "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.max_registers
+                },
             )
             assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, gated, config, compiled.metadata.shared)
             if config.max_registers is not None:  # the cap reached ptxas
@@ -264,7 +271,9 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     token_mask, the model's pair mask (the folded path, and the per-row one for its padding rows)."""
     _needs_triton()
     rows = 24
-    q, k, v, bias, mask = model_inputs(1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=2, token_mask=token_mask)
+    q, k, v, bias, mask = model_inputs(
+        1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=2, token_mask=token_mask
+    )
     expected = triangle_attention_core(q, k, v, bias, mask, 32**-0.5)
     low = model_inputs(
         1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2, token_mask=token_mask

@@ -11,8 +11,8 @@ converted once for both) and walks the keys in BLOCK_N blocks. Per row and key b
 Masks: the launcher folds the key mask the rows share (their union: for a pair mask made from a
 token mask, the valid tokens) into its one key-contiguous copy of the bias (MASK_LOGIT where masked).
 A row pair whose masks both equal it (every row of a token-mask outer product but the padding rows)
-runs the loop without any key bias: 22% fewer instructions per key block, and 13-17% faster at
-1,700-2,472 tokens on the H200 (session 9, `attention_variants.py`). Any other row pair (a padding
+runs the loop without any key bias: 22% fewer instructions per key block, and 7% / 11% / 14% faster
+at 1,024 / 1,700 / 2,472 tokens on the H200 (session 9, `attention_variants.py`). Any other row pair (a padding
 row, or masks that differ from row to row) adds its rows' own key biases (0 or MASK_LOGIT, built by
 the launcher) as a broadcast add, and gets the reference's result either way: its masked keys are
 at least MASK_LOGIT down. Keys past the end read MASK_LOGIT as bias (their k and v read zeros).
@@ -321,7 +321,9 @@ def _attention_kernel(
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Keep the candidates meant for this head dim."""
-    wanted = {(c.block_m, c.block_n, c.num_warps, c.num_stages, c.max_registers) for c in candidates(kwargs["HEAD_DIM"])}
+    wanted = {
+        (c.block_m, c.block_n, c.num_warps, c.num_stages, c.max_registers) for c in candidates(kwargs["HEAD_DIM"])
+    }
     return [
         c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg) in wanted
     ]
@@ -335,7 +337,10 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 _autotuned_kernel = triton.autotune(
     configs=[
         triton.Config(
-            {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.max_registers
+            {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+            maxnreg=c.max_registers,
         )
         for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
     ],
@@ -398,7 +403,8 @@ def flash_triangle_attention(
     q: (B, I, H, Jq, D); k, v: (B, I, H, Jk, D), any strides (read in place; copied only if their
     last axis is strided or their dtype is not the compute dtype); bias: (B or 1, 1, H, Jq, Jk), read
     from one key-contiguous copy with the rows' shared key mask folded in (in the compute dtype unless
-    it already was key-contiguous); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid key. D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
+    it already was key-contiguous); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid key.
+    D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
     CPU tensors run the interpreter with the first candidate); `group_queries` is the L2 grouping
     (tests shrink it to exercise partial groups). fp32 compute runs exact fp32 dots ("ieee").
     """
@@ -421,7 +427,8 @@ def flash_triangle_attention(
     bias = _folded_bias(bias, shared_key_bias, compute_dtype)
     on_cpu = q.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
     gate_arg = out if gate is None else gate  # never read without GATED
-    args = (q, k, v, bias, key_biases, conforming, gate_arg, out, rows, queries, keys, scale, triton.next_power_of_2(keys))
+    args = (q, k, v, bias, key_biases, conforming, gate_arg, out, rows, queries, keys, scale)
+    args += (triton.next_power_of_2(keys),)
     strides = (*q.stride()[:4], *k.stride()[:4], *v.stride()[:4], bias.stride(0), *bias.stride()[2:4])
     strides += (*key_biases.stride()[:2], conforming.stride(0), *gate_arg.stride()[:3], *out_strides)
     shape_args = {

@@ -194,7 +194,8 @@ def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: Diffus
 
 
 class GraphedPairformer(nn.Module):
-    """The trunk's pairformer stack, one call per recycle, replayed from a CUDA graph per shape.
+    """A pairformer stack (the trunk's, one call per recycle; optionally the confidence module's),
+    replayed from a CUDA graph per shape.
 
     The first call of a shape runs eagerly (cuEquivariance/Triton autotune there, never inside a
     capture), then GraphedCall captures; every input is per call. Outputs are cloned out of the
