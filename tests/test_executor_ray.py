@@ -161,11 +161,19 @@ class CrashOnPoison(PassThrough):
         return payload
 
 
+class SizedByReplica(PassThrough):
+    """A replica stage whose budget depends on its GPU: replica 0 takes 100 tokens, replica 1 1,000."""
+
+    def __init__(self) -> None:
+        self.token_budget = 100 if ray.get_runtime_context().get_actor_name().startswith("replica0-") else 1000
+
+
 def run_scheduler(replica_stage: type, items: list[WorkItem], replicas: int, max_attempts: int = 3) -> tuple[list, Scheduler]:
     settings = replace(CI_EXECUTOR, cpu_replicas=replicas, max_attempts=max_attempts)
     pools = start_pools(settings, "cpu", PassThrough, replica_stage, PassThrough, f"faults{time.monotonic_ns()}")
     records: list = []
     try:
+        ray.get([slot.probe for slot in pools.replicas])  # every replica in service from the first dispatch
         scheduler = Scheduler(pools, items, settings.queue_depth, settings.max_attempts, records.append)
         scheduler.run()
     finally:
@@ -189,6 +197,17 @@ def test_a_target_that_kills_its_replica_fails_after_max_attempts(ray_instance) 
     assert len(records) == len(items)
     assert status["poison"].status == "failed" and "worker process died (2 times" in status["poison"].reason
     assert all(status[f"t{i}"].status == "ok" for i in range(5))
+
+
+def test_each_target_goes_to_a_replica_it_fits_and_one_that_fits_none_is_rejected(ray_instance) -> None:
+    items = [WorkItem("huge", 5000, "h", "{}"), WorkItem("big", 500, "h", "{}")]
+    items += [WorkItem(f"t{i}", 10, "h", "{}") for i in range(6)]
+    records, _ = run_scheduler(SizedByReplica, items, replicas=2)
+    status = {r.target_id: r for r in records}
+    assert len(records) == len(items)
+    assert status["huge"].status == "rejected" and "5000 tokens exceed the token budget of 1000" in status["huge"].reason
+    assert status["big"].status == "ok" and status["big"].replica.startswith("cpu1@")
+    assert all(status[f"t{i}"].status == "ok" for i in range(6))
 
 
 def test_queues_stay_bounded_and_driver_memory_flat(ray_instance, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from foldmill.errors import FoldmillError
-from foldmill.outputs.confidence import interface_pae
+from foldmill.outputs.confidence import interface_pae, representative_atoms
+from foldmill.outputs.modelcif import STANDARD_COMPONENTS
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.layout import chain_layout
 from foldmill.outputs.synthetic import synthetic_prediction
@@ -315,6 +316,27 @@ def test_interface_pae_on_known_geometry():
     assert interface_pae(p, chain_layout(p), 0) == (5.0, 2)
     monomer = synthetic_prediction("m", [("A", "protein", "GG")], n_samples=1)
     assert interface_pae(monomer, chain_layout(monomer), 0) == (None, 0)
+
+
+def test_interface_pae_is_the_mean_over_every_inter_chain_contact(prediction):
+    """On the five-chain complex: the pairwise definition, computed directly over all token pairs."""
+    chains = chain_layout(prediction)
+    for sample in range(prediction.n_samples):
+        points = prediction.coords[sample][representative_atoms(prediction, chains)].astype(np.float64)
+        chain_of = np.asarray(prediction.token_chain_ids).astype(str)
+        distance = np.linalg.norm(points[:, None] - points[None, :], axis=-1)
+        contact = (distance < 8.0) & (chain_of[:, None] != chain_of[None, :])
+        expected = float(prediction.pae[sample][contact].mean()) if contact.any() else None
+        value, count = interface_pae(prediction, chains, sample)
+        assert count == int(contact.sum()) and count > 0
+        assert value == pytest.approx(expected, rel=1e-12)
+
+
+def test_standard_components_match_biotites_ccd():
+    from biotite.structure import info
+
+    for code, (link_type, name) in STANDARD_COMPONENTS.items():
+        assert (info.link_type(code), info.full_name(code)) == (link_type, name), code
 
 
 def test_modified_residue_and_smiles_ligand(tmp_path):

@@ -83,11 +83,13 @@ def start_pools(
     build_writer: Callable[[], Any],
     run_id: str,
 ) -> Pools:
-    """Create every actor and wait until each has built its stage (models loaded).
+    """Create every actor; return once the featurizers and writers have built their stages.
 
-    All actors are created before any is waited on, so featurizers and writers start while the
-    replicas load their models. Actors are named `<role><index>-<run_id>` in the "foldmill"
-    namespace, so `ray list actors` (or a test) can find a run's replicas.
+    The model replicas load their models meanwhile: each is a slot still starting (its `ready` call
+    in flight), which the Scheduler takes into service when it reports. So the first targets are
+    featurized while the models load, instead of the GPUs waiting for them afterwards. Actors are
+    named `<role><index>-<run_id>` in the "foldmill" namespace, so `ray list actors` (or a test) can
+    find a run's replicas.
     """
     remote = ray.remote(StageWorker)
     replicas = replica_count(settings, device)
@@ -112,17 +114,16 @@ def start_pools(
         ]
 
     workers = max(1, settings.cpu_workers)
+    replica_actors = create("replica", names, build_replica, replica_options, replica_threads)  # the slowest first
     featurize_actors = create("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1)
-    replica_actors = create("replica", names, build_replica, replica_options, replica_threads)
     write_actors = create("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1)
-    reports = iter(_ready(featurize_actors + replica_actors + write_actors))  # in that order
+    starting = [Slot(f"replica{index}", handle, RESTARTS, probe=handle.ready.remote()) for index, handle in enumerate(replica_actors)]
+    reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 
     def slots(handles: list[Any]) -> list[Slot]:
-        return [Slot(info["name"], handle, RESTARTS, token_budget=info["token_budget"]) for handle, info in zip(handles, reports)]
+        return [Slot(info["name"], handle, RESTARTS, started=True) for handle, info in zip(handles, reports)]
 
-    pools = Pools(featurizers=slots(featurize_actors), replicas=slots(replica_actors), writers=slots(write_actors))
-    log.info("replicas: %s", ", ".join(slot.name for slot in pools.replicas))
-    return pools
+    return Pools(featurizers=slots(featurize_actors), replicas=starting, writers=slots(write_actors))
 
 
 def stop_pools(pools: Pools) -> None:
@@ -131,12 +132,13 @@ def stop_pools(pools: Pools) -> None:
         ray.kill(slot.handle, no_restart=True)
 
 
-def _ready(handles: list[Any]) -> list[dict[str, Any]]:
-    """What the started actors report; one whose stage could not be built stops the run with its error."""
+def _ready(handles: list[Any], also_kill: list[Any]) -> list[dict[str, Any]]:
+    """What the started actors report; one whose stage could not be built stops the run with its error
+    (every actor of the run goes, `also_kill` too)."""
     reports = ray.get([handle.ready.remote() for handle in handles])
     for report in reports:
         if report["error"]:
-            for handle in handles:
+            for handle in handles + also_kill:
                 ray.kill(handle, no_restart=True)
             raise FoldmillError(f"{report['name']} could not start: {report['error']}")
     return reports

@@ -16,7 +16,7 @@ import pandas as pd
 
 from foldmill.executor.cluster import ray_session, start_pools, stop_pools
 from foldmill.executor.engine import Engine, FeaturizeStage, Staging, WriteStage, kernel_cache_dir, run_provenance
-from foldmill.executor.plan import WorkItem, over_budget, plan_run
+from foldmill.executor.plan import WorkItem, plan_run
 from foldmill.executor.progress import Progress, summary_text
 from foldmill.executor.records import Journal, TargetRecord, journal_path, write_fold_table
 from foldmill.executor.scheduler import Scheduler
@@ -38,7 +38,7 @@ class RunResult:
     records: list[TargetRecord]  # one per target, in input order
     resumed: set[str]  # finished by an earlier run
     wall_seconds: float  # the whole run
-    fold_seconds: float  # from the first target handed out to the end (Ray and model start-up excluded)
+    fold_seconds: float  # from the first model replica's start to the end (Ray and model start-up excluded)
     busy: dict[str, float]  # replica -> seconds in the model
     peak_featurized: int = 0  # most featurized targets held at once
     abort_reason: str = ""  # non-empty when the run stopped early (no replica left)
@@ -119,13 +119,19 @@ def fold_targets(
                 run_id,
             )
             try:
-                budget = min(slot.token_budget for slot in pools.replicas)
-                todo, rejected = over_budget(plan.todo, budget)
-                for record in rejected:
-                    keep(record)
-                progress.started = time.monotonic()  # throughput counts from the first target, not model loading
+
+                def fold_clock_starts() -> None:  # throughput counts from the first replica, not model loading
+                    progress.started = time.monotonic()
+
                 scheduler = Scheduler(
-                    pools, todo, executor.queue_depth, executor.max_attempts, keep, progress.fold_finished, progress.tick
+                    pools,
+                    plan.todo,
+                    executor.queue_depth,
+                    executor.max_attempts,
+                    keep,
+                    progress.fold_finished,
+                    progress.tick,
+                    fold_clock_starts,
                 )
                 scheduler.run()
                 fold_seconds = time.monotonic() - progress.started

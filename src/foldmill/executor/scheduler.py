@@ -6,6 +6,11 @@ replica exist at any time, so memory stays flat however long the worklist is. Ea
 gets two targets at a time (one folding, one already transferred), so it never waits on the
 driver between targets.
 
+Replicas join as they come up: the run starts while they load their models (featurizing the first
+targets meanwhile), and each replica reports its token budget when it is ready. A replica takes
+the largest waiting target that fits its budget; a target that fits no replica's is rejected once
+every replica has reported (so a cluster of unequal GPUs gives its big targets to the big ones).
+
 Faults: an error inside a stage comes back as an Outcome (failed / rejected / retire). A crashed
 actor comes back as an actor error: Ray restarts the process (its stage is rebuilt, e.g. the
 model reloaded) and the targets it held are queued again; the target it was working on is
@@ -17,6 +22,7 @@ rebuild its stage after a restart) is retired and its targets go to the others.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,8 +32,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
+from foldmill.errors import FoldmillError
 from foldmill.executor.faults import Outcome
-from foldmill.executor.plan import WorkItem
+from foldmill.executor.plan import WorkItem, over_budget
 from foldmill.executor.records import TargetRecord
 
 log = logging.getLogger(__name__)
@@ -44,10 +51,11 @@ class Slot:
     name: str
     handle: Any
     restarts_left: int
-    token_budget: int | None = None  # largest target a model replica accepts
+    started: bool = False  # has built its stage (reported ready) at least once
+    token_budget: int | None = None  # largest target a model replica accepts (None: any)
     inflight: deque[Ticket] = field(default_factory=deque)
     retired: bool = False
-    probe: Any = None  # a `ready` call in flight while the actor restarts after a crash
+    probe: Any = None  # a `ready` call in flight while the actor starts, or restarts after a crash
     probe_after: float = 0.0  # when to probe again (monotonic), if not now
 
     @property
@@ -57,6 +65,9 @@ class Slot:
     @property
     def free(self) -> bool:
         return not self.retired and not self.restarting and len(self.inflight) < PER_WORKER
+
+    def fits(self, item: WorkItem) -> bool:
+        return self.token_budget is None or item.n_tokens <= self.token_budget
 
 
 @dataclass(eq=False)
@@ -101,18 +112,25 @@ class Scheduler:
         on_record: Callable[[TargetRecord], None],
         on_fold: Callable[[Outcome], None] = lambda outcome: None,
         on_tick: Callable[[], None] = lambda: None,
+        on_first_replica: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_first_replica` is called when the first model replica is ready (where fold time starts)."""
         self.pools = pools
         self.pending: deque[WorkItem] = deque(todo)  # longest first
         self.featurized: list[Waiting] = []  # ready for a replica
         self.folded: deque[Waiting] = deque()  # ready for a writer
         self.tickets: dict[Any, Ticket] = {}  # outcome reference -> call
-        self.probes: dict[Any, Slot] = {}  # `ready` reference -> restarting actor
+        self.probes: dict[Any, Slot] = {}  # `ready` reference -> starting or restarting actor
+        for slot in pools.featurizers + pools.replicas + pools.writers:
+            if slot.probe is not None:
+                self.probes[slot.probe] = slot
         self.queue_depth = max(1, queue_depth)
         self.max_attempts = max_attempts
         self.on_record = on_record
         self.on_fold = on_fold
         self.on_tick = on_tick
+        self.on_first_replica = on_first_replica
+        self.checked_budget: float | None = None  # the largest replica budget `pending` was checked against
         self.peak_featurized = 0  # most featurized targets held at once (memory bound check)
         self.abort_reason = ""  # set when the run stopped early because a stage lost every worker
 
@@ -163,15 +181,49 @@ class Scheduler:
         while self.folded and (slot := self._free("write")):
             waiting = self.folded.popleft()
             self._submit("write", waiting.item, slot, waiting.ref, waiting.outcomes)
+        self._reject_oversized()
         # Hold no more predictions than the writers can take next, so a slow disk throttles folding.
-        while self.featurized and len(self.folded) < PER_WORKER * len(self.pools.writers) and (slot := self._free("fold")):
-            waiting = max(self.featurized, key=lambda w: w.item.n_tokens)
+        while self.featurized and len(self.folded) < PER_WORKER * len(self.pools.writers) and (pick := self._next_fold()):
+            slot, waiting = pick
             self.featurized.remove(waiting)
             self._submit("fold", waiting.item, slot, waiting.ref, waiting.outcomes)
         while self.pending and self._featurized_held() < depth and (slot := self._free("featurize")):
             item = self.pending.popleft()
             self._submit("featurize", item, slot, item, {})
         self.peak_featurized = max(self.peak_featurized, self._featurized_held())
+
+    def _next_fold(self) -> tuple[Slot, Waiting] | None:
+        """The free replica with the fewest calls that fits a waiting target, and the largest it fits."""
+        for slot in sorted((slot for slot in self.pools.replicas if slot.free), key=lambda slot: len(slot.inflight)):
+            fitting = [waiting for waiting in self.featurized if slot.fits(waiting.item)]
+            if fitting:
+                return slot, max(fitting, key=lambda w: w.item.n_tokens)
+        return None
+
+    def _largest_budget(self) -> float | None:
+        """The largest target some replica accepts; None while a replica has not reported its budget."""
+        alive = [slot for slot in self.pools.replicas if not slot.retired]
+        if not alive or not all(slot.started for slot in alive):
+            return None
+        return max(math.inf if slot.token_budget is None else slot.token_budget for slot in alive)
+
+    def _reject_oversized(self) -> None:
+        """Reject the targets no replica can take, once every replica has said what it takes. The
+        queue is checked again only when that changes (a replica retired), so a long one costs once."""
+        budget = self._largest_budget()
+        if budget is None or budget == math.inf:
+            return
+        if budget != self.checked_budget:
+            self.checked_budget = budget
+            fit, rejected = over_budget(list(self.pending), int(budget))
+            self.pending = deque(fit)
+            for record in rejected:
+                self.on_record(record)
+        too_big = [waiting for waiting in self.featurized if waiting.item.n_tokens > budget]
+        for waiting in too_big:
+            self.featurized.remove(waiting)
+            for record in over_budget([waiting.item], int(budget))[1]:
+                self.on_record(record)
 
     def _featurized_held(self) -> int:
         """Featurized targets alive: waiting, being made, or sitting on a replica."""
@@ -277,16 +329,26 @@ class Scheduler:
                     self.probes[slot.probe] = slot
 
     def _probed(self, slot: Slot) -> None:
+        """A starting or restarting actor answered `ready` (or is still restarting)."""
         try:
             report = ray.get(slot.probe)
             slot.probe_after = 0.0
+            if report["error"] and not slot.started:  # a replica that cannot load its model: stop the run
+                raise FoldmillError(f"{report['name']} could not start: {report['error']}")
             if report["error"]:
                 log.warning("%s restarted but could not start again: retired (%s)", slot.name, report["error"])
                 slot.retired = True
                 ray.kill(slot.handle, no_restart=True)
             else:
-                slot.name = report["name"]
-                log.info("%s is back", slot.name)
+                first = not slot.started
+                slot.name, slot.token_budget, slot.started = report["name"], report["token_budget"], True
+                if not first:
+                    log.info("%s is back", slot.name)
+                elif sum(replica.started for replica in self.pools.replicas) == 1:
+                    log.info("%s ready (token budget %s): folding starts", slot.name, slot.token_budget)
+                    self.on_first_replica()
+                else:
+                    log.info("%s ready (token budget %s)", slot.name, slot.token_budget)
         except ActorDiedError as error:
             log.warning("%s cannot be restarted: retired (%s)", slot.name, error)
             slot.retired = True

@@ -57,16 +57,22 @@ def interface_pae(prediction: Prediction, chains: list[Chain], sample: int) -> t
     """Mean PAE over inter-chain token pairs in contact (< 8 A between representative atoms), both
     directions, and the number of such pairs; (None, 0) when no chains touch (or a single chain)."""
     token_chain = np.asarray(prediction.token_chain_ids).astype(str)
-    if len(set(token_chain.tolist())) < 2:
+    names = list(dict.fromkeys(token_chain.tolist()))
+    if len(names) < 2:
         return None, 0
     points = np.asarray(prediction.coords[sample], dtype=np.float64)[representative_atoms(prediction, chains)]
-    pae = np.asarray(prediction.pae[sample], dtype=np.float64)
+    pae = np.asarray(prediction.pae[sample])
+    tokens = [np.flatnonzero(token_chain == name) for name in names]
     total, count = 0.0, 0
     block = 512  # rows per step keeps memory at block x tokens for large complexes
-    for start in range(0, len(points), block):
-        rows = slice(start, start + block)
-        distances = np.linalg.norm(points[rows, None, :] - points[None, :, :], axis=-1)
-        contact = (distances < INTERFACE_CUTOFF) & (token_chain[rows, None] != token_chain[None, :])
-        total += float(pae[rows][contact].sum())
-        count += int(contact.sum())
+    # Each pair of chains once: a contact of (a, b) is one of (b, a) too, with its own PAE.
+    for first, rows_of in enumerate(tokens):
+        for cols in tokens[first + 1 :]:
+            for start in range(0, len(rows_of), block):
+                rows = rows_of[start : start + block]
+                squared = ((points[rows, None, :] - points[None, cols, :]) ** 2).sum(-1)
+                row_index, col_index = np.nonzero(squared < INTERFACE_CUTOFF**2)
+                total += float(pae[rows[row_index], cols[col_index]].sum(dtype=np.float64))
+                total += float(pae[cols[col_index], rows[row_index]].sum(dtype=np.float64))
+                count += 2 * len(row_index)
     return (total / count if count else None), count
