@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from foldmill import __version__
+from foldmill import __version__, kernels
 from foldmill.errors import FoldmillError
 from foldmill.executor.faults import TargetRejected, is_out_of_memory
 from foldmill.executor.plan import WorkItem
@@ -148,13 +149,21 @@ class Engine:
         use_kernel_cache(kernel_cache)
         self.device = torch.device(settings.device)
         self.recipe = settings.recipe
+        clock = time.perf_counter()
+        device_ready = DeviceWarmUp(self.device) if self.device.type == "cuda" else None
         self.model = load_model(settings).eval()
+        self.build_seconds = {"model": time.perf_counter() - clock}  # what the replica's start-up went to
+        if device_ready is not None:
+            device_ready.finish()
+            self.build_seconds["device, beside it"] = device_ready.seconds
+        clock = time.perf_counter()
         self.runner: FastBoltz2 | torch.nn.Module
         if self.device.type == "cuda" and settings.fast_path:
             # The fp32 weights stay in host memory; the GPU holds only the runner's bf16 copies.
             self.runner = FastBoltz2(self.model, device=self.device)
         else:
             self.runner = self.model.to(self.device)
+        self.build_seconds["runner"] = time.perf_counter() - clock
         self.stage_seconds: dict[str, float] = {}  # of the latest target: trunk, diffusion, ... (fast path)
         self.provenance = {
             **self.model.provenance,
@@ -206,6 +215,35 @@ class Engine:
         raise TargetRejected(
             f"out of {self.device.type} memory at {n_tokens} tokens, even denoising one sample at a time"
         )
+
+
+class DeviceWarmUp(threading.Thread):
+    """The CUDA context and the GPU kernels' imports, made in a thread while the caller builds the
+    model on the host: most of both (CUDA's driver calls, the weights' initialisation and random
+    values) run outside the GIL, so they overlap. On the H200 they were ~7 and ~8 s of a replica's
+    start-up, one after the other (cuEquivariance's import pulls in torch._dynamo, sympy, scipy).
+    The thread starts when the object is made; finish() waits for it and raises what it raised."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(name="device-warm-up", daemon=True)
+        self.device = device
+        self.error: BaseException | None = None
+        self.seconds = 0.0  # how long the warm-up took
+        self.start()
+
+    def run(self) -> None:
+        clock = time.perf_counter()
+        try:
+            torch.empty(1, device=self.device)
+            kernels.load_backends(self.device.type)
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread by finish()
+            self.error = error
+        self.seconds = time.perf_counter() - clock
+
+    def finish(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
 
 
 def load_model(settings: ModelSettings) -> torch.nn.Module:

@@ -342,13 +342,14 @@ class Scheduler:
             else:
                 first = not slot.started
                 slot.name, slot.token_budget, slot.started = report["name"], report["token_budget"], True
+                split = ", ".join(f"{part} {seconds:.1f}" for part, seconds in report["build_split"].items())
+                built = f"built in {report['build_seconds']:.1f} s" + (f" ({split})" if split else "")
                 if not first:
-                    log.info("%s is back", slot.name)
-                elif sum(replica.started for replica in self.pools.replicas) == 1:
-                    log.info("%s ready (token budget %s): folding starts", slot.name, slot.token_budget)
-                    self.on_first_replica()
+                    log.info("%s is back (%s)", slot.name, built)
                 else:
-                    log.info("%s ready (token budget %s)", slot.name, slot.token_budget)
+                    log.info("%s ready: %s, token budget %s", slot.name, built, slot.token_budget)
+                    if sum(replica.started for replica in self.pools.replicas) == 1:
+                        self.on_first_replica()
         except ActorDiedError as error:
             log.warning("%s cannot be restarted: retired (%s)", slot.name, error)
             slot.retired = True

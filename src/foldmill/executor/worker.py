@@ -33,17 +33,26 @@ class StageWorker:
         # Ray would pass the driver only a text dump of the exception.
         self.stage: Callable[[Any], Any] | None = None
         self.build_error = ""
+        clock = time.perf_counter()
         try:
             self.stage = build()
         except FoldmillError as error:
             self.build_error = str(error)
         except Exception as error:  # noqa: BLE001 - reported to the driver with its traceback
             self.build_error = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+        self.build_seconds = time.perf_counter() - clock
 
     def ready(self) -> dict[str, Any]:
-        """Name, pid, token budget (model replicas) and the error that kept the stage from being built, if any."""
-        budget = getattr(self.stage, "token_budget", None)
-        return {"name": self.name, "pid": os.getpid(), "token_budget": budget, "error": self.build_error}
+        """Name, pid, token budget (model replicas), the seconds the stage took to build (and its own
+        split of them, if it keeps one) and the error that kept it from being built, if any."""
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "token_budget": getattr(self.stage, "token_budget", None),
+            "build_seconds": self.build_seconds,
+            "build_split": dict(getattr(self.stage, "build_seconds", {})),
+            "error": self.build_error,
+        }
 
     @ray.method(num_returns=2)
     def process(self, payload: Any) -> tuple[Outcome, Any]:

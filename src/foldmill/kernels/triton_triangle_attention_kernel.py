@@ -47,9 +47,8 @@ from foldmill.kernels.triton_support import dot_flags
 GROUP_QUERIES = 1024
 # Additive logit of masked keys, as in the reference (foldmill.model.layers.triangle_attention).
 MASK_LOGIT = -1e9
-MASKED_BIAS = tl.constexpr(MASK_LOGIT)  # the same, as the kernel reads it (-inf in an fp16 bias)
-# Key-bias rows are padded to a multiple of the widest key block, plus one block for the last
-# step's prefetch; the padding is masked.
+# Key-bias and folded-bias rows are padded to a multiple of the widest key block, plus one block for
+# the last step's prefetch; the padding is masked.
 KEY_PADDING = 128
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -163,15 +162,16 @@ def _attend_row_pair(
     acc0 = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     max1, sum1, acc1 = max0, sum0, acc0
     key = tl.arange(0, BLOCK_N)
-    # Keys past the end get MASKED_BIAS from the bias (no key bias masks them on the folded path).
-    bias = tl.load(bias_rows + key[None, :], mask=(key < keys)[None, :], other=MASKED_BIAS)
+    # Keys past the end read the folded bias's padding, MASK_LOGIT (no key bias masks them on the folded
+    # path); the padding covers the last block and the prefetch past it, so no bias load is masked.
+    bias = tl.load(bias_rows + key[None, :])
     key_bias0 = tl.load(key_bias_row0 + key)  # key-bias rows are padded: always in bounds
     key_bias1 = tl.load(key_bias_row1 + key)
     for start in range(0, keys, BLOCK_N):
         key = start + tl.arange(0, BLOCK_N)
         key_ok = key < keys
         next_key = key + BLOCK_N
-        next_bias = tl.load(bias_rows + next_key[None, :], mask=(next_key < keys)[None, :], other=MASKED_BIAS)
+        next_bias = tl.load(bias_rows + next_key[None, :])
         next_key_bias0 = key_bias0
         next_key_bias1 = key_bias1
         if PER_ROW_KEY_BIAS:
@@ -374,13 +374,16 @@ def _masks(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -
 
 
 def _folded_bias(bias: Tensor, shared_key_bias: Tensor, compute_dtype: torch.dtype) -> Tensor:
-    """bias (B or 1, 1, H, Jq, Jk) + the shared key bias (B, Jk): (B, 1, H, Jq, Jk), key-contiguous, made in
-    one pass. A key-contiguous bias keeps its dtype; another is read in the compute dtype (fp32 for
-    fp32 compute)."""
+    """bias (B or 1, 1, H, Jq, Jk) + the shared key bias (B, Jk): (B, 1, H, Jq, padded Jk), key-contiguous,
+    made in one pass; the keys past Jk (see KEY_PADDING) hold the masked logit. A key-contiguous
+    bias keeps its dtype; another is read in the compute dtype (fp32 for fp32 compute)."""
     batch, keys = shared_key_bias.shape
     dtype = bias.dtype if bias.stride(-1) == 1 or compute_dtype == torch.float32 else compute_dtype
-    folded = torch.empty(batch, *bias.shape[1:], device=bias.device, dtype=dtype)
-    return torch.add(bias, shared_key_bias.to(dtype).view(batch, 1, 1, 1, keys), out=folded)
+    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
+    folded = torch.empty(batch, *bias.shape[1:-1], padded, device=bias.device, dtype=dtype)
+    folded[..., keys:] = max(MASK_LOGIT, torch.finfo(dtype).min)
+    torch.add(bias, shared_key_bias.to(dtype).view(batch, 1, 1, 1, keys), out=folded[..., :keys])
+    return folded
 
 
 def flash_triangle_attention(
