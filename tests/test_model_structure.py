@@ -180,3 +180,13 @@ def test_demo_model_is_labelled_and_reproducible():
     other = demo_model(seed=4)
     assert not torch.equal(first.s_init.weight, other.s_init.weight)
     assert math.isclose(float(first.s_init.weight.detach().std()), 1 / math.sqrt(first.config.token_s), rel_tol=0.2)
+
+
+@pytest.mark.gpu
+def test_demo_model_made_on_the_gpu_is_reproducible_there():
+    first, second = demo_model(seed=3, device="cuda"), demo_model(seed=3, device="cuda")
+    on_host = demo_model(seed=3)
+    assert first.provenance["weights"] == "random, seed 3, drawn on cuda"
+    for (name, a), (_, b), (_, c) in zip(first.state_dict().items(), second.state_dict().items(), on_host.state_dict().items()):
+        assert a.is_cuda and torch.equal(a, b) and a.shape == c.shape, name
+    assert math.isclose(float(first.s_init.weight.std()), 1 / math.sqrt(first.config.token_s), rel_tol=0.2)

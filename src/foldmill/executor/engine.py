@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from foldmill import __version__, kernels
+from foldmill import __version__
 from foldmill.errors import FoldmillError
 from foldmill.executor.faults import TargetRejected, is_out_of_memory
 from foldmill.executor.plan import WorkItem
@@ -100,6 +99,7 @@ def run_provenance(settings: ModelSettings) -> dict[str, Any]:
     provenance = {"model": model_id(settings), "seed": settings.recipe.seed, "recipe": recipe_provenance(settings.recipe)}
     if settings.is_demo:
         provenance["demo_config"] = dict(sorted(settings.demo_config.items()))
+        provenance["demo_weights_device"] = torch.device(settings.device).type  # drawn there: CPU and GPU differ
     return provenance
 
 
@@ -150,20 +150,18 @@ class Engine:
         self.device = torch.device(settings.device)
         self.recipe = settings.recipe
         clock = time.perf_counter()
-        device_ready = DeviceWarmUp(self.device) if self.device.type == "cuda" else None
-        self.model = load_model(settings).eval()
+        self.model = load_model(settings, self.device).eval()
         self.build_seconds = {"model": time.perf_counter() - clock}  # what the replica's start-up went to
-        if device_ready is not None:
-            device_ready.finish()
-            self.build_seconds["device, beside it"] = device_ready.seconds
         clock = time.perf_counter()
         self.runner: FastBoltz2 | torch.nn.Module
         if self.device.type == "cuda" and settings.fast_path:
-            # The fp32 weights stay in host memory; the GPU holds only the runner's bf16 copies.
+            # The GPU holds only the runner's bf16 copies; the fp32 weights go (or stay) in host memory.
             self.runner = FastBoltz2(self.model, device=self.device)
+            self.model.cpu()
+            torch.cuda.empty_cache()  # the freed fp32 weights count as free memory for the token budget
         else:
             self.runner = self.model.to(self.device)
-        self.build_seconds["runner"] = time.perf_counter() - clock
+        self.build_seconds["runner"] = time.perf_counter() - clock  # on CUDA, the kernels' imports too
         self.stage_seconds: dict[str, float] = {}  # of the latest target: trunk, diffusion, ... (fast path)
         self.provenance = {
             **self.model.provenance,
@@ -217,36 +215,9 @@ class Engine:
         )
 
 
-class DeviceWarmUp(threading.Thread):
-    """The CUDA context and the GPU kernels' imports, made in a thread while the caller builds the
-    model on the host: most of both (CUDA's driver calls, the weights' initialisation and random
-    values) run outside the GIL, so they overlap. On the H200 they were ~7 and ~8 s of a replica's
-    start-up, one after the other (cuEquivariance's import pulls in torch._dynamo, sympy, scipy).
-    The thread starts when the object is made; finish() waits for it and raises what it raised."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(name="device-warm-up", daemon=True)
-        self.device = device
-        self.error: BaseException | None = None
-        self.seconds = 0.0  # how long the warm-up took
-        self.start()
-
-    def run(self) -> None:
-        clock = time.perf_counter()
-        try:
-            torch.empty(1, device=self.device)
-            kernels.load_backends(self.device.type)
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread by finish()
-            self.error = error
-        self.seconds = time.perf_counter() - clock
-
-    def finish(self) -> None:
-        self.join()
-        if self.error is not None:
-            raise self.error
-
-
-def load_model(settings: ModelSettings) -> torch.nn.Module:
+def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
+    """The checkpoint's model on the host, or the demo model made on `device` (its weights drawn there:
+    on the H200 the full-size one took 8 s on the host, most of a replica's start-up)."""
     from foldmill.model.boltz2 import Boltz2
     from foldmill.model.demo import demo_model
 
@@ -255,7 +226,7 @@ def load_model(settings: ModelSettings) -> torch.nn.Module:
             config = Boltz2Config.small(**settings.demo_config)
         except TypeError as error:
             raise FoldmillError(f"config model.demo_config: {error}") from None
-        return demo_model(config, seed=DEMO_WEIGHTS_SEED)
+        return demo_model(config, seed=DEMO_WEIGHTS_SEED, device=device)
     return Boltz2.from_checkpoint(settings.checkpoint)
 
 

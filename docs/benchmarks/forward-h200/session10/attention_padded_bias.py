@@ -26,6 +26,7 @@ from foldmill.runtime.timing import cuda_median_ms  # noqa: E402
 def load(path: str):
     spec = importlib.util.spec_from_file_location("attention_kernel_session9", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

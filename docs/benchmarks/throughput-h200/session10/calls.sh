@@ -42,4 +42,23 @@ tpb() {
   echo "gpu tests rc=$?"; tail -4 $OUT/gpu_tests.log
 }
 
+# Lease 2 (the thread of lease 1 dropped: the demo model now made on the GPU; bytecode compiled at
+# install). tpc with the last part: install; the attention benchmark; the 4-target sample, cold cache.
+# tpd right after: an 8-target stratified sample (one per 325-residue stratum), then the 4-target one,
+# both on that cache.
+tpc() {
+  stage
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  timeout 120 python3 $F/attention_padded_bias.py $OUT/attention bench-tmp/attention_kernel_session9.py 1024,1700,2472 \
+    > $OUT/attention.log 2>&1
+  echo "attention bench rc=$?"; grep '^{' $OUT/attention.log | cut -c1-160
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_model_structure.py > $OUT/demo_test.log 2>&1
+  echo "demo gpu test rc=$?"; tail -1 $OUT/demo_test.log
+  throughput run3_sample4_cold
+}
+tpd() {
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 8}" TP_TIMEOUT=400 throughput run4_sample8_warm
+  throughput run5_sample4_warm
+}
+
 "$@"
