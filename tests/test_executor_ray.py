@@ -205,7 +205,8 @@ def test_each_target_goes_to_a_replica_it_fits_and_one_that_fits_none_is_rejecte
     records, _ = run_scheduler(SizedByReplica, items, replicas=2)
     status = {r.target_id: r for r in records}
     assert len(records) == len(items)
-    assert status["huge"].status == "rejected" and "5000 tokens exceed the token budget of 1000" in status["huge"].reason
+    assert status["huge"].status == "rejected"
+    assert "5000 tokens exceed the token budget of 1000" in status["huge"].reason
     assert status["big"].status == "ok" and status["big"].replica.startswith("cpu1@")
     assert all(status[f"t{i}"].status == "ok" for i in range(6))
 

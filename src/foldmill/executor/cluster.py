@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -51,6 +52,7 @@ def ray_session(settings: ExecutorSettings) -> Iterator[None]:
         cpus = settings.cpus or available_cpus()
         object_store = settings.object_store_mb * 1024 * 1024 or None
         log.info("starting a local Ray instance with %d CPUs", cpus)
+        clock = time.perf_counter()
         ray.init(
             address="local",  # a new instance, never some other Ray already running on this machine
             num_cpus=cpus,
@@ -60,6 +62,7 @@ def ray_session(settings: ExecutorSettings) -> Iterator[None]:
             _node_ip_address="127.0.0.1",
             **common,
         )
+        log.info("Ray is up (%.1f s)", time.perf_counter() - clock)
     try:
         yield
     finally:
@@ -117,7 +120,9 @@ def start_pools(
     replica_actors = create("replica", names, build_replica, replica_options, replica_threads)  # the slowest first
     featurize_actors = create("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1)
     write_actors = create("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1)
-    starting = [Slot(f"replica{index}", handle, RESTARTS, probe=handle.ready.remote()) for index, handle in enumerate(replica_actors)]
+    starting = [
+        Slot(f"replica{index}", handle, RESTARTS, probe=handle.ready.remote()) for index, handle in enumerate(replica_actors)
+    ]
     reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 
     def slots(handles: list[Any]) -> list[Slot]:

@@ -57,6 +57,7 @@ class Slot:
     retired: bool = False
     probe: Any = None  # a `ready` call in flight while the actor starts, or restarts after a crash
     probe_after: float = 0.0  # when to probe again (monotonic), if not now
+    created_at: float = field(default_factory=time.time)  # when the actor was asked for (wall clock)
 
     @property
     def restarting(self) -> bool:
@@ -183,7 +184,8 @@ class Scheduler:
             self._submit("write", waiting.item, slot, waiting.ref, waiting.outcomes)
         self._reject_oversized()
         # Hold no more predictions than the writers can take next, so a slow disk throttles folding.
-        while self.featurized and len(self.folded) < PER_WORKER * len(self.pools.writers) and (pick := self._next_fold()):
+        writers_keep_up = len(self.folded) < PER_WORKER * len(self.pools.writers)
+        while writers_keep_up and self.featurized and (pick := self._next_fold()):
             slot, waiting = pick
             self.featurized.remove(waiting)
             self._submit("fold", waiting.item, slot, waiting.ref, waiting.outcomes)
@@ -319,6 +321,7 @@ class Scheduler:
             slot.retired = True
         else:
             slot.probe_after = time.monotonic()
+            slot.created_at = time.time()  # Ray starts a new process now
 
     def _probe_restarting(self) -> None:
         now = time.monotonic()
@@ -343,7 +346,8 @@ class Scheduler:
                 first = not slot.started
                 slot.name, slot.token_budget, slot.started = report["name"], report["token_budget"], True
                 split = ", ".join(f"{part} {seconds:.1f}" for part, seconds in report["build_split"].items())
-                built = f"built in {report['build_seconds']:.1f} s" + (f" ({split})" if split else "")
+                built = f"process up in {report['started_at'] - slot.created_at:.1f} s, stage built in "
+                built += f"{report['build_seconds']:.1f} s" + (f" ({split})" if split else "")
                 if not first:
                     log.info("%s is back (%s)", slot.name, built)
                 else:

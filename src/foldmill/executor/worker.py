@@ -23,6 +23,7 @@ from foldmill.executor.faults import Outcome, classify
 
 class StageWorker:
     def __init__(self, name: str, build: Callable[[], Callable[[Any], Any]], threads: int) -> None:
+        self.started_at = time.time()  # the process is up and its imports done (the driver reports how long that took)
         import torch
 
         torch.set_num_threads(max(1, threads))
@@ -49,6 +50,7 @@ class StageWorker:
             "name": self.name,
             "pid": os.getpid(),
             "token_budget": getattr(self.stage, "token_budget", None),
+            "started_at": self.started_at,
             "build_seconds": self.build_seconds,
             "build_split": dict(getattr(self.stage, "build_seconds", {})),
             "error": self.build_error,

@@ -47,11 +47,13 @@ def main(out_dir: Path, before_path: str, sizes: list[int]) -> None:
                 config = module.NARROW_CONFIGS[0]
 
                 def call(module=module, config=config):
-                    return module.flash_triangle_attention(q, k, v, bias, used, scale, torch.bfloat16, config, gate=gate)
+                    return module.flash_triangle_attention(
+                        q, k, v, bias, used, scale, torch.bfloat16, config, gate=gate
+                    )
 
                 out = call()
-                row = {"tokens": tokens, "mask": mask_kind, "kernel": name, "ms": round(cuda_median_ms(call, repeats=5, warmup=2), 3),
-                       "finite": bool(torch.isfinite(out).all())}  # fmt: skip
+                ms = round(cuda_median_ms(call, repeats=5, warmup=2), 3)
+                row = {"tokens": tokens, "mask": mask_kind, "kernel": name, "ms": ms, "finite": bool(torch.isfinite(out).all())}
                 if mask_kind == "token_mask":
                     row["error"] = round(float((out[0, rows].float() - expected).norm() / expected.norm()), 5)
                 outs[name] = out

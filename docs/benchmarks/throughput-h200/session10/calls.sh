@@ -61,4 +61,14 @@ tpd() {
   throughput run5_sample4_warm
 }
 
+# Lease 3 (the last device minutes), with the last part: the final code (start-up split in the log) on
+# the 4-target sample with an empty kernel cache, like tpc's run3.
+tpe() {
+  stage
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_model_structure.py > $OUT/demo_test.log 2>&1
+  echo "demo gpu test rc=$?"; tail -1 $OUT/demo_test.log
+  throughput run6_sample4_cold
+}
+
 "$@"
