@@ -116,6 +116,9 @@ def test_settings_from_config_sections() -> None:
 def test_progress_line_and_summary() -> None:
     stream = io.StringIO()
     progress = Progress(total_targets=3, total_tokens=300, stream=stream)
+    assert progress.line().endswith("| models loading")
+    progress.start_folding()
+    assert progress.line().endswith("| first targets folding")
     progress.record(TargetRecord("a", "ok", "", 200, seconds=2.0, replica="cpu0@x"))
     progress.record(TargetRecord("b", "failed", "featurize: bad", 50))
     line = progress.line()

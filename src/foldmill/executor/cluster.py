@@ -121,7 +121,8 @@ def start_pools(
     featurize_actors = create("featurize", [f"featurize{i}" for i in range(workers)], build_featurizer, {"num_cpus": 0}, 1)
     write_actors = create("write", [f"write{i}" for i in range(workers)], build_writer, {"num_cpus": 0}, 1)
     starting = [
-        Slot(f"replica{index}", handle, RESTARTS, probe=handle.ready.remote()) for index, handle in enumerate(replica_actors)
+        Slot(f"replica{index}", handle, RESTARTS, probe=handle.ready.remote())
+        for index, handle in enumerate(replica_actors)
     ]
     reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 

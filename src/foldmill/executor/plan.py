@@ -1,4 +1,5 @@
-"""Plan a fold run: skip finished targets, reject those over the token budget, order the rest longest first.
+"""Plan a fold run: skip finished targets and order the rest longest first; the records of targets over a
+token budget (the scheduler rejects them once the replicas have reported their budgets).
 
 Longest first cuts the tail: the big targets start while every replica is free and the small
 ones fill the gaps at the end, instead of one replica folding a 2,800-residue target alone.

@@ -39,11 +39,17 @@ class Progress:
     tokens_done: int = 0
     busy: defaultdict = field(default_factory=lambda: defaultdict(float))  # replica -> seconds in the model
     last_fold: dict = field(default_factory=dict)  # replica -> when its latest fold finished (monotonic)
+    folding: bool = False  # a model replica is up (before, the line says the models are loading)
     _last_shown: float = 0.0
 
     @property
     def live(self) -> bool:
         return self.stream.isatty()
+
+    def start_folding(self) -> None:
+        """The first replica is up: rates and utilization count from now, not from model loading."""
+        self.started = time.monotonic()
+        self.folding = True
 
     def fold_finished(self, outcome: Outcome) -> None:
         self.busy[outcome.worker] += outcome.seconds
@@ -86,7 +92,7 @@ class Progress:
         return (
             f"fold {done}/{self.total_targets} targets{f' ({problems})' if problems else ''} | "
             f"{self.tokens_done:,}/{self.total_tokens:,} residues | {rate:,.1f} residues/s | "
-            f"ETA {eta} | {use or 'first targets folding'}"
+            f"ETA {eta} | {use or ('first targets folding' if self.folding else 'models loading')}"
         )
 
 

@@ -119,10 +119,6 @@ def fold_targets(
                 run_id,
             )
             try:
-
-                def fold_clock_starts() -> None:  # throughput counts from the first replica, not model loading
-                    progress.started = time.monotonic()
-
                 scheduler = Scheduler(
                     pools,
                     plan.todo,
@@ -131,7 +127,7 @@ def fold_targets(
                     keep,
                     progress.fold_finished,
                     progress.tick,
-                    fold_clock_starts,
+                    progress.start_folding,
                 )
                 scheduler.run()
                 fold_seconds = time.monotonic() - progress.started
