@@ -350,6 +350,17 @@ _autotuned_kernel = triton.autotune(
 )(_attention_kernel)
 
 
+def _mask_logit(dtype: torch.dtype) -> float:
+    """MASK_LOGIT, or in fp16, whose range ends at 65504, its lowest value (exp -> 0 beside any valid key, finite)."""
+    return max(MASK_LOGIT, torch.finfo(dtype).min)
+
+
+def _padded_keys(keys: int) -> int:
+    """Key rows padded to a multiple of KEY_PADDING plus one KEY_PADDING (the kernel prefetches one key
+    block past the last)."""
+    return (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
+
+
 def _masks(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """The masks as the kernel reads them: (shared key bias (B, keys), per-row key biases (B, I, padded),
     conforming rows (B, I) int8).
@@ -357,17 +368,14 @@ def _masks(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -
     mask: (B or 1, I or 1, 1, 1, keys), nonzero = valid. The shared key mask is the union of the rows'
     (for a pair mask made from a token mask: the valid tokens); a row conforms when its mask is that
     union, which every row of a token-mask outer product but the padding rows does. Key biases are 0
-    for valid keys and MASK_LOGIT for masked ones; in fp16, whose range ends at 65504, its lowest
-    value instead (still exp -> 0 beside any valid key, and finite). Per-row rows are padded to a
-    multiple of KEY_PADDING plus one KEY_PADDING (the kernel prefetches one key block past the last).
+    for valid keys and _mask_logit for masked ones; per-row rows are padded (_padded_keys).
     """
-    mask_logit = max(MASK_LOGIT, torch.finfo(dtype).min)
+    mask_logit = _mask_logit(dtype)
     valid = mask.expand(batch, rows, 1, 1, keys)[:, :, 0, 0, :]
     valid = valid if valid.dtype == torch.bool else valid != 0
     shared = valid.any(1)
     conforming = (valid == shared[:, None, :]).all(-1).to(torch.int8)
-    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
-    per_row = torch.full((batch, rows, padded), mask_logit, device=mask.device, dtype=dtype)
+    per_row = torch.full((batch, rows, _padded_keys(keys)), mask_logit, device=mask.device, dtype=dtype)
     per_row[:, :, :keys].masked_fill_(valid, 0.0)
     shared_bias = torch.zeros(batch, keys, device=mask.device, dtype=dtype).masked_fill_(~shared, mask_logit)
     return shared_bias, per_row, conforming
@@ -375,13 +383,12 @@ def _masks(mask: Tensor, batch: int, rows: int, keys: int, dtype: torch.dtype) -
 
 def _folded_bias(bias: Tensor, shared_key_bias: Tensor, compute_dtype: torch.dtype) -> Tensor:
     """bias (B or 1, 1, H, Jq, Jk) + the shared key bias (B, Jk): (B, 1, H, Jq, padded Jk), key-contiguous,
-    made in one pass; the keys past Jk (see KEY_PADDING) hold the masked logit. A key-contiguous
+    the bias read once; the keys past Jk (_padded_keys) hold the masked logit. A key-contiguous
     bias keeps its dtype; another is read in the compute dtype (fp32 for fp32 compute)."""
     batch, keys = shared_key_bias.shape
     dtype = bias.dtype if bias.stride(-1) == 1 or compute_dtype == torch.float32 else compute_dtype
-    padded = (triton.cdiv(keys, KEY_PADDING) + 1) * KEY_PADDING
-    folded = torch.empty(batch, *bias.shape[1:-1], padded, device=bias.device, dtype=dtype)
-    folded[..., keys:] = max(MASK_LOGIT, torch.finfo(dtype).min)
+    folded = torch.empty(batch, *bias.shape[1:-1], _padded_keys(keys), device=bias.device, dtype=dtype)
+    folded[..., keys:] = _mask_logit(dtype)
     torch.add(bias, shared_key_bias.to(dtype).view(batch, 1, 1, 1, keys), out=folded[..., :keys])
     return folded
 
