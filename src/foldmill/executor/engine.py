@@ -155,7 +155,7 @@ class Engine:
         self.runner: FastBoltz2 | torch.nn.Module
         if self.device.type == "cuda" and settings.fast_path:
             clock = time.perf_counter()
-            kernels.load_backends(self.device.type)  # the runner would; timed apart (cuEquivariance's is most)
+            kernels.load_backends(self.device)  # the runner would; timed apart
             self.build_seconds["kernel imports"] = time.perf_counter() - clock
             clock = time.perf_counter()
             # The GPU holds only the runner's bf16 copies; the fp32 weights go (or stay) in host memory.

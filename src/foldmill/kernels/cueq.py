@@ -36,10 +36,13 @@ def triangle_multiplicative_update(
     p_out_weight: Tensor,
     g_out_weight: Tensor,
     eps: float = 1e-5,
+    residual_out: Tensor | None = None,
 ) -> Tensor:
     from cuequivariance_torch import triangle_multiplicative_update as fused
 
-    return fused(
+    from foldmill.model.layers.triangle_multiplication import with_residual
+
+    update = fused(
         x,
         direction=direction,
         mask=mask,
@@ -53,6 +56,7 @@ def triangle_multiplicative_update(
         g_out_weight=g_out_weight,
         eps=eps,
     )
+    return with_residual(x, update, residual_out)
 
 
 def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:

@@ -2,7 +2,7 @@
 
 | op                      | reference (foldmill.model.layers)             | backends      | tokens read from |
 |-------------------------|-----------------------------------------------|---------------|------------------|
-| triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq          | x (B, N, N, C)   |
+| triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq, triton  | x (B, N, N, C)   |
 | triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa, triton | keys of q   |
 | gated_triangle_attention | gated_triangle_attention(q, ..., gate, ...)  | triton (fused gate) | keys of q  |
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
@@ -36,6 +36,7 @@ from foldmill.kernels import (
     triton_support,
     triton_transition,
     triton_triangle_attention,
+    triton_triangle_multiplication,
 )
 from foldmill.kernels.registry import Backend, OpSpec, register_op
 
@@ -54,7 +55,16 @@ register_op(
     "triangle_multiplication",
     OpSpec(
         tokens=lambda x, *args, **kwargs: x.shape[-2],
-        backends=(Backend("cueq", cueq.triangle_multiplicative_update, _CUDA, _HALF, cueq.available),),
+        backends=(
+            Backend("cueq", cueq.triangle_multiplicative_update, _CUDA, _HALF, cueq.available),
+            Backend(
+                "triton",
+                triton_triangle_multiplication.triangle_multiplicative_update,
+                _CUDA,
+                _HALF,
+                triton_support.available,
+            ),
+        ),
     ),
 )
 register_op(

@@ -64,7 +64,7 @@ _DEFAULT_POLICY = KernelPolicy()
 _policy: ContextVar[KernelPolicy] = ContextVar("foldmill_kernel_policy", default=_DEFAULT_POLICY)
 _ops: dict[str, OpSpec] = {}
 _retired: dict[tuple[str, str], str] = {}  # (op, backend) -> why it was retired
-_choices: dict[tuple, tuple[str, ...]] = {}
+_choices: dict[tuple, str] = {}  # select()'s choices, cleared whenever a backend is retired
 _counts: Counter[tuple[str, str]] = Counter()
 
 # Backend order per op and compute dtype when no measured table exists for the GPU.
@@ -117,17 +117,29 @@ def register_op(name: str, spec: OpSpec) -> None:
     _choices.clear()
 
 
-def load_backends(device_type: str) -> list[str]:
-    """Import every backend that runs on `device_type` now (each `available()` imports its package):
-    a replica pays those imports at start-up, not inside its first target. cuEquivariance's, which
-    pulls in torch._dynamo, sympy and scipy, took ~8 s of a first 1,000-token predict on the H200.
-    Returns the op/backend names that are available."""
-    return [
-        f"{op}/{backend.name}"
-        for op, spec in _ops.items()
-        for backend in spec.backends
-        if device_type in backend.devices and backend.available()
-    ]
+def load_backends(device: torch.device | str) -> list[str]:
+    """Import the backends the registry picks first on `device` for each op, dtype and size row of its
+    table (each `available()` imports its package): a replica pays those imports at start-up, not inside
+    its first target, and pays none for a backend it would not run. (cuEquivariance's import, which pulls
+    in torch._dynamo, sympy and scipy, took ~8 s of a replica's start-up on the H200.) Returns the
+    op/backend names loaded."""
+    device = torch.device(device)
+    arch = _arch(device) if device.type == "cuda" else None
+    loaded = set()
+    for op, spec in _ops.items():
+        for dtype in {dtype for backend in spec.backends for dtype in backend.dtypes}:
+            for num_tokens in _row_sizes(arch, op, dtype):
+                name = _first_usable(op, device.type, arch, dtype, num_tokens, _policy.get())
+                if name != REFERENCE:
+                    loaded.add(f"{op}/{name}")
+    return sorted(loaded)
+
+
+def _row_sizes(arch: str | None, op: str, dtype: torch.dtype) -> list[int]:
+    """A token count in each row of the op's measured table (one, any, without a table)."""
+    table = crossover.load_table(arch) if arch else None
+    rows = (table or {}).get("ops", {}).get(op, {}).get(str(dtype).removeprefix("torch."), [])
+    return [row["max_tokens"] or 1 << 30 for row in rows] or [1]
 
 
 def backend_names(op: str) -> list[str]:
@@ -192,19 +204,23 @@ def select(op: str, x: Tensor, num_tokens: int) -> str:
     dtype = compute_dtype(x)
     device_type = x.device.type
     key = (op, device_type, x.device.index, dtype, num_tokens, policy.enabled, tuple(sorted(policy.force.items())))
-    cached = _choices.get(key)  # cleared whenever a backend is retired
-    if cached is not None:
-        return cached[0]
+    if key not in _choices:
+        arch = _arch(x.device) if device_type == "cuda" else None
+        _choices[key] = _first_usable(op, device_type, arch, dtype, num_tokens, policy)
+    return _choices[key]
+
+
+def _first_usable(
+    op: str, device_type: str, arch: str | None, dtype: torch.dtype, num_tokens: int, policy: KernelPolicy
+) -> str:
+    """The first backend of the candidate order that can run (the reference ends every order). Later
+    candidates are not checked, so their packages are not imported."""
     backends = {backend.name: backend for backend in _ops[op].backends}
-    arch = _arch(x.device) if device_type == "cuda" else None
-    order = candidate_order(op, device_type, arch, dtype, num_tokens, policy)
-    usable = tuple(
+    return next(
         name
-        for name in order
+        for name in candidate_order(op, device_type, arch, dtype, num_tokens, policy)
         if name == REFERENCE or (name in backends and _usable(op, backends[name], device_type, dtype))
     )
-    _choices[key] = usable  # never empty: the order ends with the reference
-    return usable[0]
 
 
 def _retire(op: str, name: str, error: BaseException) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from foldmill.model.layers.attention_pair_bias import AttentionPairBias
@@ -26,7 +27,6 @@ from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
 )
-from foldmill.model.residual import accumulate
 
 # Above this many tokens Boltz-2 switches to smaller chunks (const.chunk_size_threshold).
 LARGE_INPUT_TOKENS = 384
@@ -67,9 +67,10 @@ class PairformerNoSeqLayer(nn.Module):
     ) -> Tensor:
         """in_place: z is the caller's to overwrite (a stack's own tensor after its first block): the block
         then never holds a second pair tensor (17 GiB in fp32 at 6,000 tokens). The values are the same."""
-        z = accumulate(z, self.tri_mul_out(z, pair_mask), in_place)
+        # The triangle multiplications add their updates to z themselves (a fused backend saves a pass).
+        z = self.tri_mul_out(z, pair_mask, residual_out=z if in_place else torch.empty_like(z))
         # In place from here: z is this block's own tensor.
-        z += self.tri_mul_in(z, pair_mask)
+        z = self.tri_mul_in(z, pair_mask, residual_out=z)
         z += self.tri_att_start(z, pair_mask, chunk_size_tri_attn)
         z += self.tri_att_end(z, pair_mask, chunk_size_tri_attn)
         rows = pair_transition_rows(z.shape[1], z.shape[-1])

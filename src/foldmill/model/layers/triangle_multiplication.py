@@ -34,6 +34,12 @@ def triangle_product(a: Tensor, b: Tensor, direction: Direction) -> Tensor:
     return torch.einsum(_PRODUCT_EQUATION[direction], a, b)
 
 
+def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
+    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
+    result of every triangle multiplication backend."""
+    return update if residual_out is None else torch.add(x, update, out=residual_out)
+
+
 def triangle_multiplicative_update(
     x: Tensor,
     direction: Direction,
@@ -47,17 +53,18 @@ def triangle_multiplicative_update(
     p_out_weight: Tensor,
     g_out_weight: Tensor,
     eps: float = 1e-5,
+    residual_out: Tensor | None = None,
 ) -> Tensor:
-    """Reference fp32 triangle multiplication: gated projections, masked edge product, gated output."""
+    """Reference fp32 triangle multiplication: gated projections, masked edge product, gated output
+    (with `residual_out`, added to x: see `with_residual`)."""
     dim = x.shape[-1]
-    x = F.layer_norm(x, (dim,), norm_in_weight, norm_in_bias, eps)
-    x_normed = x
-    edges = F.linear(x, p_in_weight) * F.linear(x, g_in_weight).sigmoid()
+    normed = F.layer_norm(x, (dim,), norm_in_weight, norm_in_bias, eps)
+    edges = F.linear(normed, p_in_weight) * F.linear(normed, g_in_weight).sigmoid()
     edges = edges * mask.unsqueeze(-1)
     a, b = torch.chunk(edges.float(), 2, dim=-1)
-    x = triangle_product(a, b, direction)
-    x = F.layer_norm(x, (dim,), norm_out_weight, norm_out_bias, eps)
-    return F.linear(x, p_out_weight) * F.linear(x_normed, g_out_weight).sigmoid()
+    product = F.layer_norm(triangle_product(a, b, direction), (dim,), norm_out_weight, norm_out_bias, eps)
+    update = F.linear(product, p_out_weight) * F.linear(normed, g_out_weight).sigmoid()
+    return with_residual(x, update, residual_out)
 
 
 # Above this many tokens the update runs by_rows. cuEquivariance's fused op is ~4x faster but holds
@@ -142,8 +149,9 @@ class _TriangleMultiplication(nn.Module):
         self.p_out = nn.Linear(dim, dim, bias=False)
         self.g_out = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x: (B, N, N, D), mask: (B, N, N) -> (B, N, N, D)."""
+    def forward(self, x: Tensor, mask: Tensor, residual_out: Tensor | None = None) -> Tensor:
+        """x: (B, N, N, D), mask: (B, N, N) -> the update (B, N, N, D); with `residual_out` (x itself, or a
+        tensor like x), x + update written into it (a fused backend saves the add's pass over x)."""
         weights = (
             self.norm_in.weight,
             self.norm_in.bias,
@@ -155,10 +163,11 @@ class _TriangleMultiplication(nn.Module):
             self.g_out.weight,
         )
         if x.shape[1] > ROW_BLOCKED_TOKENS:
-            return triangle_multiplicative_update_by_rows(x, self.direction, mask, *weights, eps=self.norm_in.eps)
+            update = triangle_multiplicative_update_by_rows(x, self.direction, mask, *weights, eps=self.norm_in.eps)
+            return with_residual(x, update, residual_out)
         return kernels.dispatch(
             "triangle_multiplication", triangle_multiplicative_update, x, self.direction, mask, *weights,
-            eps=self.norm_in.eps,
+            eps=self.norm_in.eps, residual_out=residual_out,
         )
 
 

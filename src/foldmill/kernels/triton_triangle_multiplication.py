@@ -1,0 +1,59 @@
+"""Triangle multiplication backend (Triton + cuBLAS): the gated edges and the gated output in one kernel each,
+the edge product as one batched matrix product over channels (foldmill.kernels.triton_triangle_multiplication_kernel).
+
+Why: the reference writes LayerNorm outputs, (N, N, 4C) projections, permuted copies for the product and
+its output through HBM. Here x is read twice and a, b and the product are written once each, in the
+compute dtype, channel-major (the product's layout), so no permuting copy is made. With `residual_out`
+the output kernel also adds the update to x (the trunk's residual add), which saves a pass over the fp32
+pair.
+
+Same arguments and result as foldmill.model.layers.triangle_multiplication.triangle_multiplicative_update:
+the update in the compute dtype (the autocast dtype, else x's), or x + update in `residual_out`. The
+reference runs instead in fp32 compute (the registry sends only half precision here), when autograd
+records (the kernels have no backward pass) and for channel counts the kernels do not tile (not a power
+of two from 16 to 128; Boltz-2's are 128 and 64). Triton is imported
+lazily: this module loads where triton is absent (CPU CI).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.triton_support import MIN_WIDTH, padded_width, records_autograd
+
+MAX_CHANNELS = 128  # widest pair one program holds: a (pairs, C) fp32 tile per operand
+
+
+def supported(channels: int) -> bool:
+    """Whether the kernels tile pairs of this many channels."""
+    return MIN_WIDTH <= channels <= MAX_CHANNELS and padded_width(channels) == channels
+
+
+def triangle_multiplicative_update(
+    x: Tensor,
+    direction: str,
+    mask: Tensor,
+    norm_in_weight: Tensor,
+    norm_in_bias: Tensor,
+    p_in_weight: Tensor,
+    g_in_weight: Tensor,
+    norm_out_weight: Tensor,
+    norm_out_bias: Tensor,
+    p_out_weight: Tensor,
+    g_out_weight: Tensor,
+    eps: float = 1e-5,
+    residual_out: Tensor | None = None,
+) -> Tensor:
+    """The registry backend: the fused kernels, or the reference where they do not apply."""
+    weights = (norm_in_weight, norm_in_bias, p_in_weight, g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight)
+    unfit = residual_out is not None and residual_out.stride(-1) != 1
+    # fp32 compute (no autocast) is the reference's: the registry routes only half precision here.
+    if unfit or compute_dtype(x) == torch.float32 or records_autograd(x, *weights) or not supported(x.shape[-1]):
+        from foldmill.model.layers.triangle_multiplication import triangle_multiplicative_update as reference
+
+        return reference(x, direction, mask, *weights, eps=eps, residual_out=residual_out)
+    from foldmill.kernels.triton_triangle_multiplication_kernel import fused_update
+
+    return fused_update(x, direction, mask, *weights, eps=eps, compute_dtype=compute_dtype(x), residual_out=residual_out)

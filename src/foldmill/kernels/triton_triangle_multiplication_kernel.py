@@ -1,0 +1,289 @@
+"""The Triton kernels behind foldmill.kernels.triton_triangle_multiplication (imports triton: load it lazily).
+
+The update takes three launches, the cubic edge product in the middle on cuBLAS:
+
+1. `_gated_edges_kernel`: a program takes BLOCK_P pairs (i, k) of one row i of x (of x's transpose for
+   incoming edges). It normalises them (fp32 statistics), projects them with p_in and g_in (fp32
+   accumulation), gates and masks them, and stores a and b channel-major: a_t[b, c, i, k] = a[b, i, k, c].
+   For each channel the edge product is then one matrix product.
+2. `torch.bmm` over the B * C channels: a_t[c] @ b_t[c]^T, compute-dtype operands, fp32 accumulation,
+   compute-dtype result.
+3. `_gated_output_kernel`: a program takes BLOCK_P pairs (i, j) of one row i: the product's channels (read
+   channel-major) normalised with norm_out and projected with p_out, times the gate sigmoid(g_out(norm_in(x)))
+   made from x again; optionally added to x (the residual), in the output's dtype.
+
+Roundings follow the reference under bf16 autocast (foldmill.model.layers.triangle_multiplication): every
+LayerNorm output, projection, sigmoid and product is rounded to the compute dtype where the reference's is.
+HBM traffic: x read twice, a_t, b_t and the product written and read once each in the compute dtype, the
+output written once. No (N, N, 4C) projection is stored, and no permuting copy is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_support import dot_flags
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Pairs per program and warps."""
+
+    block_p: int
+    num_warps: int
+    num_stages: int = 2
+
+
+# Candidates for the autotuner, the interpreter's (the first) included. Compiled for sm_90 (Triton 3.6) they
+# take 255 registers without spilling; the weights stay in shared memory (the edges kernel's four 128 x 128
+# tiles: 128 KB, 181 KB in all at 64 pairs; 128 pairs would need 230 KB, over the 227 KB limit).
+CONFIGS = (BlockConfig(64, 8), BlockConfig(64, 4), BlockConfig(32, 4))
+# Persistent programs per SM: more than fit at once run in later waves (equal shares of the tiles).
+PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def _layer_norm(x, col, eps, weight_ptr, bias_ptr, C: tl.constexpr):
+    """The fp32 LayerNorm of each row of an fp32 (pairs, C) tile."""
+    mean = tl.sum(x, axis=1) / C
+    centred = x - mean[:, None]
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
+    weight = tl.load(weight_ptr + col).to(tl.float32)
+    bias = tl.load(bias_ptr + col).to(tl.float32)
+    return centred * rstd[:, None] * weight[None, :] + bias[None, :]
+
+
+@triton.jit
+def _rounded_f32(x, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """x rounded to the compute dtype, as fp32 for the arithmetic that follows."""
+    return rounded(x, DTYPE, EMULATE_BF16).to(tl.float32)
+
+
+@triton.jit
+def _gated(projection, gate_logits, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """round(round(projection) * round(sigmoid(round(gate_logits)))), as the reference's bf16 ops round."""
+    projection = _rounded_f32(projection, DTYPE, EMULATE_BF16)
+    gate = _rounded_f32(tl.sigmoid(_rounded_f32(gate_logits, DTYPE, EMULATE_BF16)), DTYPE, EMULATE_BF16)
+    return _rounded_f32(projection * gate, DTYPE, EMULATE_BF16)
+
+
+@triton.jit
+def _store_edges(
+    normed, mask, p_t, g_t, out_tile, k_ok, DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr
+):
+    """One half of the gated, masked edges (projections p_t, gate g_t: (C, C) dot operands) into its tile."""
+    edges = _gated(
+        tl.dot(normed, dot_operand(p_t, EMULATE_BF16), input_precision=DOT_PRECISION),
+        tl.dot(normed, dot_operand(g_t, EMULATE_BF16), input_precision=DOT_PRECISION),
+        DTYPE,
+        EMULATE_BF16,
+    )
+    edges = rounded(edges * mask[:, None], DTYPE, EMULATE_BF16).to(DTYPE)  # 2nd cast: interpreter only
+    tl.store(out_tile, edges, mask=k_ok[:, None])
+
+
+@triton.jit
+def _pair_tile(tile, tokens, BLOCK_P: tl.constexpr):
+    """Tile number -> (batch, row i, BLOCK_P consecutive pairs of that row, which are in bounds)."""
+    blocks = tl.cdiv(tokens, BLOCK_P)
+    row = tile // blocks
+    pairs = (tile % blocks) * BLOCK_P + tl.arange(0, BLOCK_P)
+    return (row // tokens).to(tl.int64), (row % tokens).to(tl.int64), pairs, pairs < tokens
+
+
+@triton.jit
+def _weight_t(weight_ptr, first_row, col, C: tl.constexpr):
+    """W[first_row : first_row + C]^T of a row-major (rows, C) weight, a (C, C) dot operand."""
+    return tl.load(weight_ptr + (first_row + col[None, :]) * C + col[:, None])
+
+
+# Both kernels are persistent: a program loads its weights once and walks tiles tile, tile + programs, ...
+# With a program per tile, each re-read its weights from L2 (128 KB per 64 pairs for the edges): on the
+# H200 at 2,472 tokens the edges kernel took 6.5 ms that way, 4.8 ms persistent (session 11).
+@triton.jit(do_not_specialize=["tokens", "batch"])  # one compilation for all sizes
+def _gated_edges_kernel(
+    x_ptr,
+    mask_ptr,
+    norm_weight_ptr,
+    norm_bias_ptr,
+    p_ptr,
+    g_ptr,
+    a_ptr,
+    b_ptr,
+    tokens,
+    batch,
+    x_stride_b,
+    x_stride_i,
+    x_stride_k,
+    mask_stride_b,
+    mask_stride_i,
+    mask_stride_k,
+    eps,
+    C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):
+    col = tl.arange(0, C)
+    dtype = a_ptr.dtype.element_ty  # the compute dtype
+    # a from the weights' first C rows, b from the next C.
+    p_a, g_a = _weight_t(p_ptr, 0, col, C), _weight_t(g_ptr, 0, col, C)
+    p_b, g_b = _weight_t(p_ptr, C, col, C), _weight_t(g_ptr, C, col, C)
+    plane = tokens.to(tl.int64) * tokens
+    tiles = batch * tokens * tl.cdiv(tokens, BLOCK_P)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        b, i, k, k_ok = _pair_tile(tile, tokens, BLOCK_P)
+        x_tile = x_ptr + b * x_stride_b + i * x_stride_i + k[:, None] * x_stride_k + col[None, :]
+        x = tl.load(x_tile, mask=k_ok[:, None], other=0.0).to(tl.float32)
+        normed = rounded(_layer_norm(x, col, eps, norm_weight_ptr, norm_bias_ptr, C), dtype, EMULATE_BF16)
+        mask_row = mask_ptr + b * mask_stride_b + i * mask_stride_i
+        mask = tl.load(mask_row + k * mask_stride_k, mask=k_ok, other=0.0).to(tl.float32)
+        # a_t / b_t are (B, C, N, N): for each channel, BLOCK_P consecutive entries of row i.
+        out_offsets = (b * C + col[None, :]) * plane + i * tokens + k[:, None]
+        _store_edges(normed, mask, p_a, g_a, a_ptr + out_offsets, k_ok, dtype, DOT_PRECISION, EMULATE_BF16)
+        _store_edges(normed, mask, p_b, g_b, b_ptr + out_offsets, k_ok, dtype, DOT_PRECISION, EMULATE_BF16)
+
+
+@triton.jit(do_not_specialize=["tokens", "batch"])
+def _gated_output_kernel(
+    product_ptr,
+    x_ptr,
+    out_ptr,
+    norm_in_weight_ptr,
+    norm_in_bias_ptr,
+    norm_out_weight_ptr,
+    norm_out_bias_ptr,
+    p_ptr,
+    g_ptr,
+    tokens,
+    batch,
+    x_stride_b,
+    x_stride_i,
+    x_stride_j,
+    out_stride_b,
+    out_stride_i,
+    out_stride_j,
+    eps,
+    C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):
+    col = tl.arange(0, C)
+    dtype = product_ptr.dtype.element_ty  # the compute dtype
+    p_t, g_t = _weight_t(p_ptr, 0, col, C), _weight_t(g_ptr, 0, col, C)
+    plane = tokens.to(tl.int64) * tokens
+    tiles = batch * tokens * tl.cdiv(tokens, BLOCK_P)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        b, i, j, j_ok = _pair_tile(tile, tokens, BLOCK_P)
+        product_tile = product_ptr + (b * C + col[None, :]) * plane + i * tokens + j[:, None]
+        product = tl.load(product_tile, mask=j_ok[:, None], other=0.0).to(tl.float32)
+        product = rounded(_layer_norm(product, col, eps, norm_out_weight_ptr, norm_out_bias_ptr, C), dtype, EMULATE_BF16)
+        projection = tl.dot(product, dot_operand(p_t, EMULATE_BF16), input_precision=DOT_PRECISION)
+
+        x_tile = x_ptr + b * x_stride_b + i * x_stride_i + j[:, None] * x_stride_j + col[None, :]
+        x = tl.load(x_tile, mask=j_ok[:, None], other=0.0).to(tl.float32)
+        normed_x = rounded(_layer_norm(x, col, eps, norm_in_weight_ptr, norm_in_bias_ptr, C), dtype, EMULATE_BF16)
+        gate_logits = tl.dot(normed_x, dot_operand(g_t, EMULATE_BF16), input_precision=DOT_PRECISION)
+        update = _gated(projection, gate_logits, dtype, EMULATE_BF16)
+        if RESIDUAL:  # x + update in the output's dtype (x's), the reference's residual add
+            update = x + update
+        out_tile = out_ptr + b * out_stride_b + i * out_stride_i + j[:, None] * out_stride_j + col[None, :]
+        tl.store(out_tile, update.to(out_ptr.dtype.element_ty), mask=j_ok[:, None])
+
+
+def _autotuned(kernel: triton.JITFunction, restore_value: tuple[str, ...] = ()) -> triton.runtime.Autotuner:
+    # Tuned once per process and channel count at the first call (a few hundred ms), which must be eager,
+    # never inside CUDA-graph capture; the winners are kept in Triton's on-disk cache. restore_value: the
+    # outputs each trial run overwrites in place (the residual add), restored between trials.
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_P": c.block_p}, num_warps=c.num_warps, num_stages=c.num_stages) for c in CONFIGS],
+        key=["C"],
+        restore_value=list(restore_value),
+        cache_results=True,
+    )(kernel)
+
+
+_autotuned_edges_kernel = _autotuned(_gated_edges_kernel)
+_autotuned_output_kernel = _autotuned(_gated_output_kernel, restore_value=("out_ptr",))
+
+
+def _launch(
+    kernel: triton.JITFunction, tuned: triton.runtime.Autotuner, programs: int, config: BlockConfig | None, *args, **constants
+) -> None:
+    """One persistent launch of `programs` programs: autotuned on CUDA unless `config` pins it."""
+    if config is None:
+        tuned[(programs,)](*args, **constants)
+    else:
+        kernel[(programs,)](*args, **constants, BLOCK_P=config.block_p, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def persistent_programs(device: torch.device, batch: int, tokens: int) -> int:
+    """Programs per launch: PROGRAMS_PER_SM per SM (their weights are loaded once each), at most one per
+    row of pairs; under the interpreter (CPU), which runs them one by one, a few."""
+    if device.type != "cuda":
+        return min(4, batch * tokens)
+    return min(torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM, batch * tokens)
+
+
+def fused_update(
+    x: Tensor,
+    direction: str,
+    mask: Tensor,
+    norm_in_weight: Tensor,
+    norm_in_bias: Tensor,
+    p_in_weight: Tensor,
+    g_in_weight: Tensor,
+    norm_out_weight: Tensor,
+    norm_out_bias: Tensor,
+    p_out_weight: Tensor,
+    g_out_weight: Tensor,
+    eps: float,
+    compute_dtype: torch.dtype,
+    residual_out: Tensor | None = None,
+    config: BlockConfig | None = None,
+) -> Tensor:
+    """The triangle multiplicative update of x (B, N, N, C) under pair mask (B, N, N), in `compute_dtype`;
+    with `residual_out` (x itself, or a tensor shaped like x), x + update written into it instead.
+
+    C must be a power of two from 16 to 128 (the caller checks). `config` pins the block sizes (else
+    autotuned on CUDA; CPU tensors run the interpreter with the first candidate).
+    """
+    batch, tokens, _, dim = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    p_in, g_in, p_out, g_out = (w.to(compute_dtype).contiguous() for w in (p_in_weight, g_in_weight, p_out_weight, g_out_weight))
+    flags = dot_flags(x.device, compute_dtype)
+    if config is None and x.device.type == "cpu":  # no benchmarking in the interpreter
+        config = CONFIGS[0]
+    programs = persistent_programs(x.device, batch, tokens)
+
+    # The edges kernel reads x (and the mask) row by row for outgoing edges, column by column for incoming
+    # ones (a column's pairs are 128-channel runs too), so a_t[c, i, k] = a[i, k] or a[k, i]: either way the
+    # product is a_t[c] @ b_t[c]^T, whose operands are both contiguous along k (cuBLAS's fastest layout:
+    # a_t[c]^T @ b_t[c] on row-major edges ran 1.2x slower at 2,472 tokens).
+    edges_x, edges_mask = (x, mask) if direction == "outgoing" else (x.transpose(1, 2), mask.transpose(1, 2))
+    a_t = torch.empty((batch, dim, tokens, tokens), device=x.device, dtype=compute_dtype)
+    b_t = torch.empty_like(a_t)
+    _launch(
+        _gated_edges_kernel, _autotuned_edges_kernel, programs, config,
+        edges_x, edges_mask, norm_in_weight, norm_in_bias, p_in, g_in, a_t, b_t, tokens, batch, *edges_x.stride()[:3],
+        *edges_mask.stride(), eps, C=dim, **flags,
+    )  # fmt: skip
+    product = torch.bmm(a_t.view(batch * dim, tokens, tokens), b_t.view(batch * dim, tokens, tokens).mT)
+    del a_t, b_t  # freed before the output is allocated
+
+    out = residual_out if residual_out is not None else torch.empty(x.shape, device=x.device, dtype=compute_dtype)
+    _launch(
+        _gated_output_kernel, _autotuned_output_kernel, programs, config,
+        product, x, out, norm_in_weight, norm_in_bias, norm_out_weight, norm_out_bias, p_out, g_out, tokens, batch,
+        *x.stride()[:3], *out.stride()[:3], eps, C=dim, RESIDUAL=residual_out is not None, **flags,
+    )  # fmt: skip
+    return out
