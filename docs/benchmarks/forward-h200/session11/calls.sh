@@ -30,4 +30,10 @@ trimul_quick() {
   CONTENDERS=triton timeout 300 python3 $F/trimul_bench.py $OUT/bench ${SIZES:-256,1024,1704,2472} > $OUT/trimul_bench.log 2>&1
   echo "bench rc=$?"; cut -c1-400 $OUT/trimul_bench.log
 }
+# Lease 3: the two kernels at pinned block configurations, the backend in both directions (carry .whl4).
+configs() {
+  gemmi
+  timeout 400 python3 $F/trimul_configs.py $OUT/configs 2472 > $OUT/trimul_configs.log 2>&1
+  echo "configs rc=$?"; cat $OUT/trimul_configs.log | cut -c1-200
+}
 "$@"
