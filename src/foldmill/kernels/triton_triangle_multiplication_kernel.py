@@ -42,8 +42,10 @@ class BlockConfig:
 
 # Candidates for the autotuner, the interpreter's (the first) included. Compiled for sm_90 (Triton 3.6) they
 # take 255 registers without spilling; the weights stay in shared memory (the edges kernel's four 128 x 128
-# tiles: 128 KB, 181 KB in all at 64 pairs; 128 pairs would need 230 KB, over the 227 KB limit).
-CONFIGS = (BlockConfig(64, 8), BlockConfig(64, 4), BlockConfig(32, 4))
+# tiles: 128 KB). Pinned on the H200 at 2,472 tokens (session 11, trimul_configs.py), the edges kernel took
+# 3.99 / 4.67 / 7.79 / 6.72 ms and the output kernel 6.46 / 6.18 / 5.62 / 5.76 in this order; 64 x 4 warps
+# and 128 x 8 were slower or ran out of shared memory (128 pairs at 3 stages).
+CONFIGS = (BlockConfig(64, 8, 3), BlockConfig(64, 8, 2), BlockConfig(32, 4, 1), BlockConfig(32, 4, 3))
 # Persistent programs per SM: more than fit at once run in later waves (equal shares of the tiles).
 PROGRAMS_PER_SM = 4
 
