@@ -124,23 +124,24 @@ def test_modules_route_through_the_registry():
 
 def test_load_backends_imports_only_the_backends_the_registry_picks_first(monkeypatch):
     checked = []
-    fp32 = frozenset({torch.float32})
+    dtypes = frozenset({torch.float32, torch.float16})
 
     def backend(name: str, available: bool) -> Backend:
-        return Backend(name, lambda x: x, frozenset({"cuda"}), fp32, lambda: checked.append(name) is None and available)
+        return Backend(name, lambda x: x, frozenset({"cuda"}), dtypes, lambda: checked.append(name) is None and available)
 
     backends = (backend("gone", False), backend("first", True), backend("second", True))
     registry.register_op("probe_op", OpSpec(tokens=lambda x: x.shape[0], backends=backends))
     monkeypatch.setattr(registry, "_arch", lambda device: "sm_test")  # no measured table: the default order
-    monkeypatch.setitem(registry.DEFAULT_ORDERS, "probe_op", {"float32": ["gone", "first", "second"]})
+    # The fp16 order is not the runner's (fp32 here): it must not be consulted.
+    monkeypatch.setitem(registry.DEFAULT_ORDERS, "probe_op", {"float32": ["gone", "first", "second"], "float16": ["second"]})
     try:
-        loaded = kernels.load_backends("cuda")
-        on_cpu = kernels.load_backends("cpu")
+        loaded = kernels.load_backends("cuda", [torch.float32])
+        on_cpu = kernels.load_backends("cpu", [torch.float32])
     finally:
         registry._ops.pop("probe_op")
         registry._choices.clear()
     assert "probe_op/first" in loaded and "probe_op/gone" not in loaded and "probe_op/second" not in loaded
-    assert checked == ["gone", "first"]  # the second's package is never imported: the first runs
+    assert checked == ["gone", "first"]  # the second's package is never imported: the first runs, fp16 is not used
     assert not [name for name in on_cpu if name.startswith("probe_op/")]  # CPU runs the reference
 
 

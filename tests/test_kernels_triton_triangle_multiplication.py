@@ -189,8 +189,9 @@ def test_backend_matches_the_math_on_the_gpu(direction, batch, tokens, channels)
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape
     error, reference_error = relative_error(out, expected), relative_error(reference_out, expected)
     assert error <= BF16_TOL and error <= 1.5 * reference_error, (error, reference_error)
+    # The residual call is tuned apart (its output is fp32), so its tiles may differ: not bitwise equal.
     assert summed is own and summed.dtype == torch.float32
-    assert torch.allclose(summed, x + out.float(), rtol=0, atol=1e-6)
+    assert relative_error(summed.double() - x.double(), expected) <= BF16_TOL
 
 
 @pytest.mark.gpu

@@ -32,7 +32,7 @@ from foldmill.features.vocab import PROTEIN_LETTERS
 from foldmill.io.targets import Entity, Target
 from foldmill.model.checkpoint import file_sha256
 from foldmill.model.config import Boltz2Config, InferenceRecipe
-from foldmill.model.fastpath import FastBoltz2
+from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 from foldmill.outputs.prediction import Prediction
 from foldmill.outputs.writer import write_prediction
 
@@ -155,11 +155,12 @@ class Engine:
         self.runner: FastBoltz2 | torch.nn.Module
         if self.device.type == "cuda" and settings.fast_path:
             clock = time.perf_counter()
-            kernels.load_backends(self.device)  # the runner would; timed apart
+            options = FastPathOptions()
+            kernels.load_backends(self.device, options.compute_dtypes)  # the runner would; timed apart
             self.build_seconds["kernel imports"] = time.perf_counter() - clock
             clock = time.perf_counter()
             # The GPU holds only the runner's bf16 copies; the fp32 weights go (or stay) in host memory.
-            self.runner = FastBoltz2(self.model, device=self.device)
+            self.runner = FastBoltz2(self.model, options, device=self.device)
             self.model.cpu()
             torch.cuda.empty_cache()  # the freed fp32 weights count as free memory for the token budget
         else:

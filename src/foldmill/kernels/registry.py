@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -117,17 +117,17 @@ def register_op(name: str, spec: OpSpec) -> None:
     _choices.clear()
 
 
-def load_backends(device: torch.device | str) -> list[str]:
-    """Import the backends the registry picks first on `device` for each op, dtype and size row of its
-    table (each `available()` imports its package): a replica pays those imports at start-up, not inside
-    its first target, and pays none for a backend it would not run. (cuEquivariance's import, which pulls
-    in torch._dynamo, sympy and scipy, took ~8 s of a replica's start-up on the H200.) Returns the
-    op/backend names loaded."""
+def load_backends(device: torch.device | str, dtypes: Iterable[torch.dtype]) -> list[str]:
+    """Import the backends the registry picks first on `device`, for each op, compute dtype in `dtypes`
+    (the runner's) and size row of the op's table (each `available()` imports its package): a replica
+    pays those imports at start-up, not inside its first target, and pays none for a backend it would
+    not run. (cuEquivariance's import, which pulls in torch._dynamo, sympy and scipy, took 8-9 s of a
+    replica's start-up on the H200.) Returns the op/backend names loaded."""
     device = torch.device(device)
     arch = _arch(device) if device.type == "cuda" else None
     loaded = set()
-    for op, spec in _ops.items():
-        for dtype in {dtype for backend in spec.backends for dtype in backend.dtypes}:
+    for op in _ops:
+        for dtype in dtypes:
             for num_tokens in _row_sizes(arch, op, dtype):
                 name = _first_usable(op, device.type, arch, dtype, num_tokens, _policy.get())
                 if name != REFERENCE:

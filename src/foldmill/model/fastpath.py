@@ -81,9 +81,9 @@ class FastPathOptions:
     kernels: bool = True  # foldmill.kernels selection (False: the PyTorch reference everywhere)
     pad_tokens_to: int = 8  # 1 disables padding
     cuda_graphs: bool = True
-    # Sampling-step graphs only up to this many (padded) tokens. Up to 2,048 (session 10, H200), eager steps
-    # cost 11% more per token above it (2,467 tokens: 3.02 ms per token against 2.70 graphed at 2,047).
-    max_graph_tokens: int = 4096
+    # Sampling-step graphs only up to this many (padded) tokens. Above, a graph did not pay on the H200
+    # (session 11: diffusion of 2,467 / 2,556 tokens took 7.59 / 7.86 s graphed, 7.44 / 7.67 eager).
+    max_graph_tokens: int = 2048
     # Trunk pairformer-pass graphs: below ~500 tokens a block (~100 kernels) is launch-bound (150 tokens:
     # 4.5 ms/block on the H200); at 1000 tokens a block takes 35 ms of GPU time, so a graph gains
     # little there while its memory pool (the pass's working set) stays reserved through diffusion.
@@ -112,6 +112,11 @@ class FastPathOptions:
     @property
     def score_dtype(self) -> torch.dtype:
         return _PRECISIONS[self.score_precision or self.precision]
+
+    @property
+    def compute_dtypes(self) -> frozenset[torch.dtype]:
+        """The dtypes the runner's kernels compute in: the network's and the score model's."""
+        return frozenset({self.dtype, self.score_dtype})
 
     @property
     def residual_dtype(self) -> torch.dtype | None:
@@ -304,7 +309,7 @@ class FastBoltz2:
             )
         self.stage_seconds: dict[str, float] = {}
         if self.options.kernels:
-            kernels.load_backends(self.device)
+            kernels.load_backends(self.device, self.options.compute_dtypes)
 
     def _autocast(
         self, device: torch.device, dtype: torch.dtype | None = None, cache: bool = True

@@ -24,7 +24,7 @@ GPU_TESTS="tests/test_kernels_triton_triangle_multiplication.py tests/test_kerne
 tpa() {
   stage
   bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS > $OUT/gpu_tests.log 2>&1
+  timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS > $OUT/gpu_tests.log 2>&1
   echo "gpu tests rc=$?"; tail -6 $OUT/gpu_tests.log
   throughput run1_sample4_cold
 }
