@@ -32,4 +32,15 @@ tpa() {
 tpb() {
   TP_ARGS="${TP_ARGS/--sample 4/--sample 12}" TP_TIMEOUT=560 throughput run2_sample12_warm
 }
+# Lease 2 (the last device minutes), with the last part: the start-up of the final code (load_backends by
+# compute dtype), on one small target with an empty kernel cache; the triangle multiplication's GPU tests.
+tpc() {
+  stage
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_triton_triangle_multiplication.py \
+    > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$?"; tail -3 $OUT/gpu_tests.log
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 1 --sample-max-length 600}" TP_TIMEOUT=150 throughput run3_small_cold
+  grep -h "ready\|Ray is up" $OUT/bench_run3_small_cold.log
+}
 "$@"
