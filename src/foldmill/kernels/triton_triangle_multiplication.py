@@ -56,4 +56,4 @@ def triangle_multiplicative_update(
         return reference(x, direction, mask, *weights, eps=eps, residual_out=residual_out)
     from foldmill.kernels.triton_triangle_multiplication_kernel import fused_update
 
-    return fused_update(x, direction, mask, *weights, eps=eps, compute_dtype=compute_dtype(x), residual_out=residual_out)
+    return fused_update(x, direction, mask, weights, eps, compute_dtype(x), residual_out)

@@ -20,6 +20,7 @@ output written once. No (N, N, 4C) projection is stored, and no permuting copy i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +41,14 @@ class BlockConfig:
     num_stages: int = 2
 
 
-# Candidates for the autotuner, the interpreter's (the first) included. Compiled for sm_90 (Triton 3.6) they
-# take 255 registers without spilling; the weights stay in shared memory (the edges kernel's four 128 x 128
-# tiles: 128 KB). Pinned on the H200 at 2,472 tokens (session 11, trimul_configs.py), the edges kernel took
-# 3.99 / 4.67 / 7.79 / 6.72 ms and the output kernel 6.46 / 6.18 / 5.62 / 5.76 in this order; 64 x 4 warps
-# and 128 x 8 were slower or ran out of shared memory (128 pairs at 3 stages).
-CONFIGS = (BlockConfig(64, 8, 3), BlockConfig(64, 8, 2), BlockConfig(32, 4, 1), BlockConfig(32, 4, 3))
+# Pinned on the H200 at 2,472 tokens (session 11, docs/benchmarks/forward-h200/session11/trimul_configs.py):
+# the edges kernel took 3.99 ms at 64 pairs x 8 warps x 3 stages (4.67 at 2 stages, 6.7-7.8 at 32 x 4), the
+# output kernel 5.60 ms at 32 x 4 x 1 (6.2-6.5 at 64 x 8); 64 x 4 and 128 x 8 were slower or ran out of
+# shared memory. No autotuning: each candidate cost a compilation in every new process (~20 s of a cold
+# run's first target for four). Compiled for sm_90 (Triton 3.6) both take 255 registers without spilling;
+# the weights stay in shared memory (the edges kernel's four 128 x 128 tiles: 128 KB).
+EDGES_CONFIG = BlockConfig(64, 8, 3)
+OUTPUT_CONFIG = BlockConfig(32, 4, 1)
 # Persistent programs per SM: more than fit at once run in later waves (equal shares of the tiles).
 PROGRAMS_PER_SM = 4
 
@@ -59,6 +62,16 @@ def _layer_norm(x, col, eps, weight_ptr, bias_ptr, C: tl.constexpr):
     weight = tl.load(weight_ptr + col).to(tl.float32)
     bias = tl.load(bias_ptr + col).to(tl.float32)
     return centred * rstd[:, None] * weight[None, :] + bias[None, :]
+
+
+@triton.jit
+def _normed_tile(
+    tile, ok, col, eps, weight_ptr, bias_ptr, C: tl.constexpr, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr
+):  # fmt: skip
+    """A (pairs, C) tile loaded as fp32 (rows past the end: zeros), and its LayerNorm rounded to the compute
+    dtype (the reference's autocast linears read it so)."""
+    x = tl.load(tile, mask=ok[:, None], other=0.0).to(tl.float32)
+    return x, rounded(_layer_norm(x, col, eps, weight_ptr, bias_ptr, C), DTYPE, EMULATE_BF16)
 
 
 @triton.jit
@@ -142,8 +155,7 @@ def _gated_edges_kernel(
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         b, i, k, k_ok = _pair_tile(tile, tokens, BLOCK_P)
         x_tile = x_ptr + b * x_stride_b + i * x_stride_i + k[:, None] * x_stride_k + col[None, :]
-        x = tl.load(x_tile, mask=k_ok[:, None], other=0.0).to(tl.float32)
-        normed = rounded(_layer_norm(x, col, eps, norm_weight_ptr, norm_bias_ptr, C), dtype, EMULATE_BF16)
+        _, normed = _normed_tile(x_tile, k_ok, col, eps, norm_weight_ptr, norm_bias_ptr, C, dtype, EMULATE_BF16)
         mask_row = mask_ptr + b * mask_stride_b + i * mask_stride_i
         mask = tl.load(mask_row + k * mask_stride_k, mask=k_ok, other=0.0).to(tl.float32)
         # a_t / b_t are (B, C, N, N): for each channel, BLOCK_P consecutive entries of row i.
@@ -186,13 +198,11 @@ def _gated_output_kernel(
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         b, i, j, j_ok = _pair_tile(tile, tokens, BLOCK_P)
         product_tile = product_ptr + (b * C + col[None, :]) * plane + i * tokens + j[:, None]
-        product = tl.load(product_tile, mask=j_ok[:, None], other=0.0).to(tl.float32)
-        product = rounded(_layer_norm(product, col, eps, norm_out_weight_ptr, norm_out_bias_ptr, C), dtype, EMULATE_BF16)
+        _, product = _normed_tile(product_tile, j_ok, col, eps, norm_out_weight_ptr, norm_out_bias_ptr, C, dtype, EMULATE_BF16)
         projection = tl.dot(product, dot_operand(p_t, EMULATE_BF16), input_precision=DOT_PRECISION)
 
         x_tile = x_ptr + b * x_stride_b + i * x_stride_i + j[:, None] * x_stride_j + col[None, :]
-        x = tl.load(x_tile, mask=j_ok[:, None], other=0.0).to(tl.float32)
-        normed_x = rounded(_layer_norm(x, col, eps, norm_in_weight_ptr, norm_in_bias_ptr, C), dtype, EMULATE_BF16)
+        x, normed_x = _normed_tile(x_tile, j_ok, col, eps, norm_in_weight_ptr, norm_in_bias_ptr, C, dtype, EMULATE_BF16)
         gate_logits = tl.dot(normed_x, dot_operand(g_t, EMULATE_BF16), input_precision=DOT_PRECISION)
         update = _gated(projection, gate_logits, dtype, EMULATE_BF16)
         if RESIDUAL:  # x + update in the output's dtype (x's), the reference's residual add
@@ -201,30 +211,9 @@ def _gated_output_kernel(
         tl.store(out_tile, update.to(out_ptr.dtype.element_ty), mask=j_ok[:, None])
 
 
-def _autotuned(kernel: triton.JITFunction, restore_value: tuple[str, ...] = ()) -> triton.runtime.Autotuner:
-    # Tuned once per process and channel count at the first call (a few hundred ms), which must be eager,
-    # never inside CUDA-graph capture; the winners are kept in Triton's on-disk cache. restore_value: the
-    # outputs each trial run overwrites in place (the residual add), restored between trials.
-    return triton.autotune(
-        configs=[triton.Config({"BLOCK_P": c.block_p}, num_warps=c.num_warps, num_stages=c.num_stages) for c in CONFIGS],
-        key=["C"],
-        restore_value=list(restore_value),
-        cache_results=True,
-    )(kernel)
-
-
-_autotuned_edges_kernel = _autotuned(_gated_edges_kernel)
-_autotuned_output_kernel = _autotuned(_gated_output_kernel, restore_value=("out_ptr",))
-
-
-def _launch(
-    kernel: triton.JITFunction, tuned: triton.runtime.Autotuner, programs: int, config: BlockConfig | None, *args, **constants
-) -> None:
-    """One persistent launch of `programs` programs: autotuned on CUDA unless `config` pins it."""
-    if config is None:
-        tuned[(programs,)](*args, **constants)
-    else:
-        kernel[(programs,)](*args, **constants, BLOCK_P=config.block_p, num_warps=config.num_warps, num_stages=config.num_stages)
+def _launch(kernel: triton.JITFunction, programs: int, config: BlockConfig, *args, **constants) -> None:
+    """One persistent launch of `programs` programs at `config`."""
+    kernel[(programs,)](*args, **constants, BLOCK_P=config.block_p, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def persistent_programs(device: torch.device, batch: int, tokens: int) -> int:
@@ -239,14 +228,7 @@ def fused_update(
     x: Tensor,
     direction: str,
     mask: Tensor,
-    norm_in_weight: Tensor,
-    norm_in_bias: Tensor,
-    p_in_weight: Tensor,
-    g_in_weight: Tensor,
-    norm_out_weight: Tensor,
-    norm_out_bias: Tensor,
-    p_out_weight: Tensor,
-    g_out_weight: Tensor,
+    weights: Sequence[Tensor],
     eps: float,
     compute_dtype: torch.dtype,
     residual_out: Tensor | None = None,
@@ -255,16 +237,16 @@ def fused_update(
     """The triangle multiplicative update of x (B, N, N, C) under pair mask (B, N, N), in `compute_dtype`;
     with `residual_out` (x itself, or a tensor shaped like x), x + update written into it instead.
 
-    C must be a power of two from 16 to 128 (the caller checks). `config` pins the block sizes (else
-    autotuned on CUDA; CPU tensors run the interpreter with the first candidate).
+    `weights`: the reference's eight, in its argument order (norm_in weight and bias, p_in, g_in, norm_out
+    weight and bias, p_out, g_out). C must be a power of two from 16 to 128 (the caller checks). `config`
+    pins both kernels' block sizes (tests; default: EDGES_CONFIG and OUTPUT_CONFIG).
     """
+    norm_in_weight, norm_in_bias, p_in_weight, g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight = weights
     batch, tokens, _, dim = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     p_in, g_in, p_out, g_out = (w.to(compute_dtype).contiguous() for w in (p_in_weight, g_in_weight, p_out_weight, g_out_weight))
     flags = dot_flags(x.device, compute_dtype)
-    if config is None and x.device.type == "cpu":  # no benchmarking in the interpreter
-        config = CONFIGS[0]
     programs = persistent_programs(x.device, batch, tokens)
 
     # The edges kernel reads x (and the mask) row by row for outgoing edges, column by column for incoming
@@ -275,7 +257,7 @@ def fused_update(
     a_t = torch.empty((batch, dim, tokens, tokens), device=x.device, dtype=compute_dtype)
     b_t = torch.empty_like(a_t)
     _launch(
-        _gated_edges_kernel, _autotuned_edges_kernel, programs, config,
+        _gated_edges_kernel, programs, config or EDGES_CONFIG,
         edges_x, edges_mask, norm_in_weight, norm_in_bias, p_in, g_in, a_t, b_t, tokens, batch, *edges_x.stride()[:3],
         *edges_mask.stride(), eps, C=dim, **flags,
     )  # fmt: skip
@@ -284,7 +266,7 @@ def fused_update(
 
     out = residual_out if residual_out is not None else torch.empty(x.shape, device=x.device, dtype=compute_dtype)
     _launch(
-        _gated_output_kernel, _autotuned_output_kernel, programs, config,
+        _gated_output_kernel, programs, config or OUTPUT_CONFIG,
         product, x, out, norm_in_weight, norm_in_bias, norm_out_weight, norm_out_bias, p_out, g_out, tokens, batch,
         *x.stride()[:3], *out.stride()[:3], eps, C=dim, RESIDUAL=residual_out is not None, **flags,
     )  # fmt: skip

@@ -4,6 +4,11 @@ autocast, the last N/16 tokens padding). Median ms of CUDA-event timings after w
 backend's three launches timed apart; errors against the fp32 reference.
 
     python3 trimul_bench.py OUT_DIR 256,512,1024,1700,2472
+
+As run (lease 1, calls 3 and 4), both times on code that was not committed as such: call 3 against the first,
+non-persistent kernels (a program per tile), call 4 against the persistent ones, whose incoming product still
+ran a_t^T @ b_t (commit de6d606 made the edges kernel read x's transpose instead) and whose launcher still had
+an autotuner (`_launch(kernel, tuned, programs, config, ...)`; the configurations are pinned since).
 """
 
 import json

@@ -2,6 +2,8 @@
 size (1 x N x N x 128, fp32 pair, bf16), and the whole backend in both directions. Median ms of 7.
 
     python3 trimul_configs.py OUT_DIR 2472
+
+As run (lease 1, call 5) at commit 8c9f80b, whose `_launch` still took an autotuner argument (None here).
 """
 
 import itertools
