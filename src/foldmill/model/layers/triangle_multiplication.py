@@ -1,13 +1,14 @@
 """Triangle multiplicative update ("outgoing" and "incoming" edges), AF3 Algorithms 12/13.
 
-Input z (B, N, N, D) and pair mask (B, N, N) -> update (B, N, N, D) (the caller adds it).
+Input z (B, N, N, D) and pair mask (B, N, N) -> update (B, N, N, D); with `residual_out`, z + update
+written into it (the pairformer passes z itself, so a fused backend adds in its own pass).
 
 The whole op is the plain function `triangle_multiplicative_update`, with the same
-arguments as cuEquivariance's fused op, so a kernel can replace it one-for-one; its
-O(N^3) core is `triangle_product`. The modules call it through the kernel registry
-(foldmill.kernels), which may run cuEquivariance's fused op instead, up to ROW_BLOCKED_TOKENS
-tokens; above, `triangle_multiplicative_update_by_rows` bounds the working set (see there).
-Parameter names (norm_in, p_in, g_in, norm_out, p_out, g_out) match the Boltz-2 checkpoint.
+arguments as cuEquivariance's fused op (plus `residual_out`), so a kernel can replace it one-for-one;
+its O(N^3) core is `triangle_product`. The modules call it through the kernel registry
+(foldmill.kernels), which may run foldmill's Triton backend or cuEquivariance's fused op instead, up
+to ROW_BLOCKED_TOKENS tokens; above, `triangle_multiplicative_update_by_rows` bounds the working set
+(see there). Parameter names (norm_in, p_in, g_in, norm_out, p_out, g_out) match the Boltz-2 checkpoint.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ def triangle_product(a: Tensor, b: Tensor, direction: Direction) -> Tensor:
 
 def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
     """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
-    result of every triangle multiplication backend."""
-    return update if residual_out is None else torch.add(x, update, out=residual_out)
+    result of every triangle multiplication backend. In-place adds, not `out=`, so autograd records it."""
+    if residual_out is None:
+        return update
+    if residual_out is not x:
+        residual_out.copy_(x)
+    return residual_out.add_(update)
 
 
 def triangle_multiplicative_update(
@@ -70,7 +75,8 @@ def triangle_multiplicative_update(
 # Above this many tokens the update runs by_rows. cuEquivariance's fused op is ~4x faster but holds
 # about 8 pair-sized compute-dtype temporaries: measured on the H200 (128 channels), 2.0 GiB at 1,024
 # tokens, 8.0 at 2,048, 18.0 at 3,072 (2.1, 9.3, 24.3 ms), so ~69 GiB at 6,000, where it ran the GPU
-# out of memory; by_rows held 1.6, 3.8 and 7.1 GiB (8.1, 35, 91-134 ms).
+# out of memory; by_rows held 1.6, 3.8 and 7.1 GiB (8.1, 35, 91-134 ms). foldmill's Triton backend holds
+# 3 (a, b and their product; 12 GiB at 4,096 tokens).
 ROW_BLOCKED_TOKENS = 4096
 # Pairs per row block of by_rows: its fp32 (rows, N, 4 * 128) projection blocks stay within 512 MiB.
 ROW_BLOCK_PAIRS = 1 << 18
