@@ -47,13 +47,15 @@ def load_table(arch: str) -> dict[str, Any] | None:
     return _load(path)
 
 
+def rows(arch: str, op: str, dtype: str) -> list[dict[str, Any]]:
+    """The table's rows for an op and compute dtype ("bfloat16"); none when it does not cover them."""
+    return (load_table(arch) or {}).get("ops", {}).get(op, {}).get(dtype) or []
+
+
 def order(arch: str, op: str, dtype: str, num_tokens: int) -> list[str] | None:
     """Backend order for one call, or None when the table does not cover it."""
-    table = load_table(arch)
-    rows = (table or {}).get("ops", {}).get(op, {}).get(dtype)
-    if not rows:
-        return None
-    return lookup(rows, num_tokens)
+    op_rows = rows(arch, op, dtype)
+    return lookup(op_rows, num_tokens) if op_rows else None
 
 
 def lookup(rows: list[dict[str, Any]], num_tokens: int) -> list[str]:

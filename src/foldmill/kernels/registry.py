@@ -137,8 +137,7 @@ def load_backends(device: torch.device | str, dtypes: Iterable[torch.dtype]) -> 
 
 def _row_sizes(arch: str | None, op: str, dtype: torch.dtype) -> list[int]:
     """A token count in each row of the op's measured table (one, any, without a table)."""
-    table = crossover.load_table(arch) if arch else None
-    rows = (table or {}).get("ops", {}).get(op, {}).get(str(dtype).removeprefix("torch."), [])
+    rows = crossover.rows(arch, op, str(dtype).removeprefix("torch.")) if arch else []
     return [row["max_tokens"] or 1 << 30 for row in rows] or [1]
 
 
