@@ -11,7 +11,7 @@ import torch
 
 from foldmill.errors import FoldmillError
 from foldmill.executor.faults import TargetRejected, classify, is_out_of_memory, is_sticky_cuda_error
-from foldmill.executor.plan import WorkItem, over_budget, plan_run
+from foldmill.executor.plan import WorkItem, lead_with_small_targets, over_budget, plan_run
 from foldmill.executor.progress import Progress, summary_text
 from foldmill.executor.records import Journal, TargetRecord, journal_path, write_fold_table
 from foldmill.executor.settings import executor_settings, model_settings
@@ -43,6 +43,15 @@ def test_plan_orders_longest_first_and_keeps_input_order_for_ties(tmp_path: Path
     plan = plan_run(items, tmp_path, PROVENANCE)
     assert [i.target_id for i in plan.todo] == ["b", "d", "a", "c"]
     assert plan.finished == []
+
+
+def test_the_smallest_targets_lead_so_replicas_start_without_waiting_for_large_features() -> None:
+    todo = [item(f"t{tokens}", tokens) for tokens in range(2000, 0, -100)]  # 20 targets, longest first
+    names = [i.target_id for i in lead_with_small_targets(todo, replicas=2)]  # two per replica, smallest first
+    assert names == ["t100", "t200", "t300", "t400"] + [f"t{tokens}" for tokens in range(2000, 400, -100)]
+    names = [i.target_id for i in lead_with_small_targets(todo[:8], replicas=2)]  # at most a quarter
+    assert names == ["t1300", "t1400"] + [f"t{tokens}" for tokens in range(2000, 1400, -100)]
+    assert lead_with_small_targets(todo[:3], replicas=1) == todo[:3]  # a short list stays longest first
 
 
 def test_plan_skips_only_targets_finished_with_the_same_inputs_and_settings(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from foldmill.kernels import cueq, triton_support, triton_transition
 from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
-from foldmill.model.layers.triangle_attention import TriangleAttention, triangle_attention_core
+from foldmill.model.layers import triangle_attention
+from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention_core
 from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
@@ -94,6 +95,49 @@ def test_triangle_attention_module_backends(starting):
                 out = module(x, pair_mask, 64)[:, : n - 6, : n - 6]
             # Projections and gate are rounded to bf16 too (a layout error would be O(1)).
             assert relative_error(out.float(), expected) <= 2 * BF16_TOL, name
+
+
+@pytest.mark.parametrize("starting", [True, False])
+def test_triangle_attention_module_adds_into_the_pair_by_row_blocks(starting, monkeypatch):
+    """As the fast path runs it: bf16 linears, the fp32 pair as residual_out, the projection in blocks of
+    40 rows (each block's flash call reusing the bias folded at the first, its output projection
+    accumulating into the pair, or into its transpose for the ending node)."""
+    monkeypatch.setattr(triangle_attention, "PROJECTION_BLOCK_BYTES", 40 * 136 * 512 * 4)  # x: the fp32 LayerNorm
+    n = 136
+    module = randomized(TriangleAttention(128, 32, 4, starting=starting), seed=14)
+    x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(15))
+    mask1d = token_mask(n, n - 6, n)
+    pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
+    with torch.no_grad():
+        with kernels.kernel_policy(enabled=False):
+            expected = module(x, pair_mask, 64)[:, : n - 6, : n - 6]
+        for linear in (m for m in module.modules() if isinstance(m, torch.nn.Linear)):
+            linear.to(torch.bfloat16)
+        out = x.clone()
+        kernels.reset_counts()
+        with kernels.kernel_policy(force={"triangle_attention": "triton"}), torch.autocast("cuda", torch.bfloat16):
+            assert module(out, pair_mask, 64, residual_out=out) is out
+    assert kernels.chosen_counts()["gated_triangle_attention/triton"] == 4  # 136 rows in blocks of 40
+    update = (out - x)[:, : n - 6, : n - 6]
+    assert relative_error(update, expected) <= 2 * BF16_TOL
+
+
+@pytest.mark.parametrize("starting", [True, False])
+def test_output_projection_accumulates_into_the_fp32_pair(starting):
+    """A bf16 output projection accumulates into blocks of rows of the fp32 pair (starting node) or of
+    its transpose (ending node), batch 2: one cuBLAS call per block and batch element, nothing rounded
+    to bf16 but the inputs, so within fp32 tolerance of the math."""
+    n, rows = 136, 40
+    z = torch.randn(2, n, n, 128, device=CUDA, generator=generator(21))
+    gated = torch.randn(2, n, n, 128, device=CUDA, generator=generator(22)).bfloat16()
+    weight = (torch.randn(128, 128, device=CUDA, generator=generator(23)) / math.sqrt(128)).bfloat16()
+    update = gated.double() @ weight.double().t()
+    expected = z.double() + (update if starting else update.transpose(1, 2))
+    out = z.clone()
+    target = out if starting else out.transpose(1, 2)
+    for start in range(0, n, rows):
+        add_projection(target[:, start : start + rows], gated[:, start : start + rows], weight)
+    assert relative_error(out.double(), expected) <= FP32_TOL
 
 
 @pytest.mark.parametrize("n", [64, 400])

@@ -154,17 +154,34 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
 def test_masks_fold_the_key_mask_that_rows_share():
     """A token mask's pair mask: every valid row conforms (the folded path), padding rows do not, and
     the shared key bias masks exactly the padding keys; per-row random masks: no row conforms."""
-    from foldmill.kernels.triton_triangle_attention_kernel import MASK_LOGIT, _masks
+    from foldmill.kernels.triton_triangle_attention_kernel import MASK_LOGIT, _row_masks, _shared_key_bias
 
     *_, mask = model_inputs(2, 6, 40, 16, seed=3, row_offset=1, token_mask=True)
-    shared, per_row, conforming = _masks(mask, 2, 6, 40, torch.bfloat16)
+    shared = _shared_key_bias(mask, 2, 6, 40, torch.bfloat16)
+    per_row, conforming = _row_masks(mask, shared, 6, torch.bfloat16)
     tokens_valid = mask[:, :, 0, 0, :].any(1)
     assert torch.equal(conforming.bool(), mask[:, :, 0, 0, :].any(-1))  # row 2 (token 3) is padding
     assert not conforming[:, 2].any() and conforming[:, [0, 1, 3, 4, 5]].all()
     assert torch.equal(shared == MASK_LOGIT, ~tokens_valid) and (shared[tokens_valid] == 0).all()
     assert per_row.shape == (2, 6, 256) and (per_row[:, :, 40:] == MASK_LOGIT).all()
     *_, random_mask = model_inputs(1, 6, 40, 16, seed=3)
-    assert not _masks(random_mask, 1, 6, 40, torch.float32)[2].any()
+    assert not _row_masks(random_mask, _shared_key_bias(random_mask, 1, 6, 40, torch.float32), 6, torch.float32)[1].any()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_row_blocks_of_one_bias_share_its_folded_copy():
+    """With `prepared`, the bias is folded once, at the first block, and later blocks on the same bias
+    reuse that copy; another bias (or the same one written since) is folded again."""
+    from foldmill.kernels.triton_triangle_attention_kernel import _prepared_bias
+
+    *_, bias, mask = model_inputs(1, 6, 40, 16, seed=4, row_offset=1, token_mask=True)
+    prepared: dict = {}
+    shared, folded = _prepared_bias(bias, mask[:, :3], 1, 3, torch.float32, prepared)
+    again_shared, again_folded = _prepared_bias(bias, mask[:, 3:], 1, 3, torch.float32, prepared)
+    assert again_folded is folded and again_shared is shared
+    assert torch.equal(folded, _prepared_bias(bias, mask[:, 3:], 1, 3, torch.float32, None)[1])  # same mask union
+    bias.add_(1.0)  # written since: its version changed
+    assert _prepared_bias(bias, mask[:, 3:], 1, 3, torch.float32, prepared)[1] is not folded
 
 
 # (name, rows, tokens, head dim, compute dtype, block config): the gate fused into the kernel's store.

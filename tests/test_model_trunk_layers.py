@@ -87,13 +87,23 @@ def test_triangle_multiplication(oss_cls, ours_cls, row_blocks, monkeypatch):
 )
 @pytest.mark.parametrize("chunk_size", [None, 4])
 @pytest.mark.parametrize("row_blocks", [False, True])
-def test_triangle_attention(oss_cls, ours_cls, chunk_size, row_blocks, monkeypatch):
+@pytest.mark.parametrize("residual", [None, "in_place", "fresh"])
+def test_triangle_attention(oss_cls, ours_cls, chunk_size, row_blocks, residual, monkeypatch):
+    """The update, or with residual_out x + update written there (x's own storage or another tensor),
+    each output-projection block accumulating into its rows (of the pair, or of its transpose)."""
     if row_blocks:  # the large-input path: q/k/v/g projected one row at a time
         monkeypatch.setattr(triangle_attention, "PROJECTION_BLOCK_BYTES", 1)
     oss, ours = _pair_oracle(oss_cls(C_Z, 8, 2, inf=1e9), ours_cls(C_Z, 8, 2))
     x = _pair(3)
     _, pair_mask = token_masks(B, N, PAD)
-    assert_matches(ours(x, pair_mask, chunk_size), oss(x, mask=pair_mask, chunk_size=chunk_size, use_kernels=False))
+    expected = oss(x, mask=pair_mask, chunk_size=chunk_size, use_kernels=False)
+    if residual is None:
+        assert_matches(ours(x, pair_mask, chunk_size), expected)
+        return
+    out = x.clone() if residual == "in_place" else torch.empty_like(x)
+    given = x if residual == "fresh" else out
+    assert ours(given, pair_mask, chunk_size, residual_out=out) is out
+    assert_matches(out, x + expected)
 
 
 @torch.no_grad()

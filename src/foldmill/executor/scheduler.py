@@ -34,7 +34,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from foldmill.errors import FoldmillError
 from foldmill.executor.faults import Outcome
-from foldmill.executor.plan import WorkItem, over_budget
+from foldmill.executor.plan import WorkItem, lead_with_small_targets, over_budget
 from foldmill.executor.records import TargetRecord
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Scheduler:
     ) -> None:
         """`on_first_replica` is called when the first model replica is ready (where fold time starts)."""
         self.pools = pools
-        self.pending: deque[WorkItem] = deque(todo)  # longest first
+        self.pending: deque[WorkItem] = deque(lead_with_small_targets(todo, len(pools.replicas)))
         self.featurized: list[Waiting] = []  # ready for a replica
         self.folded: deque[Waiting] = deque()  # ready for a writer
         self.tickets: dict[Any, Ticket] = {}  # outcome reference -> call

@@ -50,11 +50,20 @@ def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tens
 
 
 def gated_triangle_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float, gate: Tensor, chunk_size: int | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    mask: Tensor,
+    scale: float,
+    gate: Tensor,
+    chunk_size: int | None,
+    prepared: dict | None = None,
 ) -> Tensor:
     """The "gated_triangle_attention" backend: the flash kernel with the output gate fused into its
     store, unchunked (it never makes the logits that chunks bound), where the registry would run it
-    for the attention itself; elsewhere the reference (which dispatches the attention per chunk)."""
+    for the attention itself; elsewhere the reference (which dispatches the attention per chunk).
+    `prepared`: see flash_triangle_attention."""
     from foldmill import kernels
     from foldmill.model.layers.triangle_attention import gated_triangle_attention as reference
 
@@ -66,4 +75,4 @@ def gated_triangle_attention(
         return reference(q, k, v, bias, mask, scale, gate, chunk_size)
     from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
 
-    return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q), gate=gate)
+    return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q), gate=gate, prepared=prepared)
