@@ -306,6 +306,36 @@ def test_triton_layer_norm_matches_the_fp32_norm(layout):
     assert relative_error(out, expected) <= BF16_TOL
 
 
+@pytest.mark.parametrize(("layout", "heads", "keep_normed"), [("contiguous", 16, False), ("transposed", 4, True)])
+def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, heads, keep_normed):
+    """As the pair-bias attention (16 heads, no norm kept) and the ending-node triangle attention (the
+    transposed view, 4 heads, the norm kept) run it: fp32 pair under bf16 autocast, the Triton backend."""
+    _needs_triton()
+    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import normed_and_heads
+
+    norm = randomized(torch.nn.LayerNorm(128), seed=13)
+    norm.weight.data = 1 + 0.2 * norm.weight.data
+    projection = randomized(torch.nn.Linear(128, heads, bias=False), seed=14).to(torch.bfloat16)
+    z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(15)) * 2 + 0.5
+    if layout == "transposed":
+        z = z.transpose(1, 2)
+    with torch.no_grad():
+        expected_normed = norm(z)
+        expected = (expected_normed @ projection.weight.float().T).permute(0, 3, 1, 2)
+        norm.__class__ = ComputeDtypeLayerNorm
+        kernels.reset_counts()
+        with kernels.kernel_policy(force={"layer_norm_heads": "triton"}), torch.autocast("cuda", torch.bfloat16):
+            normed, out = normed_and_heads(norm, projection, z, keep_normed)
+    assert kernels.chosen_counts() == {"layer_norm_heads/triton": 1}
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape and out.is_contiguous()
+    assert relative_error(out, expected) <= BF16_TOL
+    if keep_normed:
+        assert normed.dtype == torch.bfloat16 and relative_error(normed, expected_normed) <= BF16_TOL
+    else:
+        assert normed is None
+
+
 @dataclasses.dataclass
 class Conditioning:
     scale: torch.Tensor

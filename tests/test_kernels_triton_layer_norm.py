@@ -5,6 +5,7 @@ GPU parity is in test_kernels_gpu.py."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -103,14 +104,108 @@ def test_kernel_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path
         assert error <= (1e-6 if out_dtype == torch.float32 else 1e-2), (name, error)
 
 
+@torch.no_grad()
+def test_normed_and_heads_is_the_norm_and_the_projection_heads_first():
+    """Plain modules (the reference model) and the fast path's compute-dtype LayerNorm (its op's reference
+    on the CPU) give the norm and the (B, H, I, J) contiguous projection of it."""
+    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import normed_and_heads
+
+    generator = torch.Generator().manual_seed(7)
+    norm, projection = torch.nn.LayerNorm(16), torch.nn.Linear(16, 4, bias=False)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.3, generator=generator)
+    x = torch.randn(2, 5, 6, 16, generator=generator)
+    expected_normed = norm(x)
+    expected_heads = projection(expected_normed).permute(0, 3, 1, 2)
+    normed, heads = normed_and_heads(norm, projection, x)
+    assert torch.equal(normed, expected_normed) and torch.equal(heads, expected_heads) and heads.is_contiguous()
+    norm.__class__ = ComputeDtypeLayerNorm
+    none, heads = normed_and_heads(norm, projection, x, keep_normed=False)
+    assert none is None and relative_error(heads, expected_heads) <= 1e-6
+
+
+# (name, input, heads, keep the norm, output dtype): the norm with the bias projection, heads first.
+HEAD_CASES = [
+    ("heads4_fp32_to_bf16", lambda: pair(9, 128, 7), 4, True, torch.bfloat16),
+    ("heads16_transposed_bf16_heads_only", lambda: pair(9, 128, 8).transpose(1, 2), 16, False, torch.bfloat16),
+    ("heads4_two_batches_rectangular_fp32", lambda: torch.randn(2, 5, 7, 64), 4, True, torch.float32),
+]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_norm_with_heads_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path):
+    cases, expected = [], {}
+    for index, (name, make, heads, keep_normed, out_dtype) in enumerate(HEAD_CASES):
+        x = make()
+        width = x.shape[-1]
+        generator = torch.Generator().manual_seed(70 + index)
+        weight = 1 + 0.3 * torch.randn(width, generator=generator)
+        bias = 0.3 * torch.randn(width, generator=generator)
+        head_weight = torch.randn(heads, width, generator=generator) / width**0.5
+        cases.append({"name": name, "x": x, "weight": weight, "bias": bias, "dtype": str(out_dtype),
+                      "head_weight": head_weight, "keep_normed": keep_normed})  # fmt: skip
+        normed = F.layer_norm(x.float(), (width,), weight, bias, 1e-5)
+        expected[name] = (normed, (normed @ head_weight.T).permute(0, 3, 1, 2))
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
+    for name, _, heads, keep_normed, out_dtype in HEAD_CASES:
+        normed, projected = outputs[name]
+        tolerance = 1e-5 if out_dtype == torch.float32 else 1e-2
+        assert projected.dtype == out_dtype and projected.is_contiguous(), name
+        assert projected.shape == expected[name][1].shape, name
+        assert relative_error(projected, expected[name][1]) <= tolerance, name
+        if keep_normed:
+            assert normed.dtype == out_dtype and relative_error(normed, expected[name][0]) <= tolerance, name
+        else:
+            assert normed is None, name
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("keep_normed", [True, False])
+def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
+    """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as the trunk calls it (bf16 out,
+    16-divisible pointers and strides): it must build, without spilling registers."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
+
+    names = _layer_norm_heads_kernel.arg_names
+    pointers = {name: "*fp32" for name in names if name.endswith("_ptr")} | {"head_weight_ptr": "*bf16"}
+    pointers |= {"normed_ptr": "*bf16", "heads_ptr": "*bf16"}
+    scalars = {name: "i64" for name in ("rows", "plane", "inner", "outer_stride", "inner_stride")} | {"eps": "fp32"}
+    constants = {"WIDTH": 128, "HEADS": 4, "BLOCK_H": HEAD_BLOCK, "BLOCK_R": 32, "KEEP_NORMED": keep_normed}
+    constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
+    divisible = [name for name in names if name in pointers or "stride" in name]
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
+    compiled = triton.compile(
+        ASTSource(_layer_norm_heads_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )  # fmt: skip
+    assert compiled.metadata.shared <= 227 * 1024  # an H100/H200 block's opt-in maximum
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if nvdisasm.exists():  # Triton's bundled disassembler: spilled registers would be local loads/stores
+        cubin = tmp_path / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        assert "MUFU.RSQ" in sass or "MUFU" in sass  # the disassembly is the kernel's
+        assert "LDL" not in sass and "STL" not in sass
+
+
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm
+    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm, fused_layer_norm_heads
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):
         dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        outputs[case["name"]] = fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
+        if "head_weight" in case:
+            outputs[case["name"]] = fused_layer_norm_heads(
+                case["x"], case["weight"], case["bias"], 1e-5, case["head_weight"], dtype, case["keep_normed"]
+            )
+        else:
+            outputs[case["name"]] = fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
     torch.save(outputs, outputs_path)
 
 

@@ -8,6 +8,7 @@
 | attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 | layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
+| layer_norm_heads        | layer_norm_heads(x, w, b, eps, head_w, keep)  | triton        | x (B, I, J, C)   |
 | adaptive_layer_norm     | modulation.adaptive_layer_norm(a, scale, ...) | triton        | a (rows, L, D)   |
 | residual_adaptive_layer_norm | modulation.residual_adaptive_layer_norm | triton   | a (rows, L, D)   |
 | swiglu_product          | modulation.swiglu_product(h)                  | triton        | h (rows, L, 3I)  |
@@ -117,6 +118,7 @@ def _register_triton_op(
 
 _register_triton_op("transition", triton_transition.transition, _HALF)
 _register_triton_op("layer_norm", triton_layer_norm.layer_norm, _HALF)
+_register_triton_op("layer_norm_heads", triton_layer_norm.layer_norm_heads, _HALF)
 # The score model's elementwise ops (foldmill.model.fast_score): rows of (B * samples, L, D).
 _register_triton_op("adaptive_layer_norm", triton_modulation.adaptive_layer_norm, _FLOAT)
 _register_triton_op("residual_adaptive_layer_norm", triton_modulation.residual_adaptive_layer_norm, _FLOAT)

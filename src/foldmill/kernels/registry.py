@@ -94,6 +94,9 @@ DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
     # PyTorch's layer norm runs a thread block per 128-wide row: 7.1x slower than the Triton kernel on the
     # H200 at 1,024 tokens (1.76 vs 0.25 ms).
     "layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
+    # The same norm with the attention's bias projection: the pair read once instead of the norm written,
+    # read back and the projection permuted heads first.
+    "layer_norm_heads": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
     # One kernel in place of a chain of 3-5 PyTorch kernels and their extra passes (fast_score).
     "adaptive_layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
     "residual_adaptive_layer_norm": {

@@ -56,3 +56,28 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
     from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm
 
     return fused_layer_norm(x, weight, bias, eps, compute_dtype(x))
+
+
+def layer_norm_heads(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, head_weight: Tensor, keep_normed: bool
+) -> tuple[Tensor | None, Tensor]:
+    """The "layer_norm_heads" backend: one kernel reads the pair once for its LayerNorm and the heads' bias
+    projection (the reference writes the norm, reads it back and permutes the projection heads first);
+    the reference where the kernel does not apply (autograd, no affine weights, widths that are not a
+    power of two, more heads than one tile)."""
+    from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, fused_layer_norm_heads
+
+    width = x.shape[-1]
+    if (
+        records_autograd(x, weight, bias, head_weight)
+        or weight is None
+        or bias is None
+        or x.dim() != 4
+        or padded_width(width) != width
+        or width > MAX_WIDTH
+        or head_weight.shape[0] > HEAD_BLOCK
+    ):
+        from foldmill.model.layers.layer_norm import layer_norm_heads as reference
+
+        return reference(x, weight, bias, eps, head_weight, keep_normed)
+    return fused_layer_norm_heads(x, weight, bias, eps, head_weight, compute_dtype(x), keep_normed)

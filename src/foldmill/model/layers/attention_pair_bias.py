@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from foldmill import kernels
+from foldmill.model.layers.layer_norm import normed_and_heads
 
 
 def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
@@ -78,8 +79,11 @@ class AttentionPairBias(nn.Module):
         q = self.proj_q(s).view(batch, -1, self.num_heads, self.head_dim)
         k = self.proj_k(k_in).view(batch, -1, self.num_heads, self.head_dim)
         v = self.proj_v(k_in).view(batch, -1, self.num_heads, self.head_dim)
-        bias = self.proj_z(z) if self.compute_pair_bias else z
-        bias = shared_by_samples(bias.movedim(-1, 1), multiplicity)  # heads first
+        if self.compute_pair_bias:  # heads first, the pair read once for its norm and the projection
+            bias = normed_and_heads(self.proj_z[0], self.proj_z[1], z, keep_normed=False)[1]
+        else:
+            bias = z.movedim(-1, 1)
+        bias = shared_by_samples(bias, multiplicity)
         gate = self.proj_g(s).sigmoid()
         out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, self.inf)
         return self.proj_o(gate * out.reshape(batch, -1, self.c_s))

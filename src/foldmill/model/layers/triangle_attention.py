@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.model.layers.layer_norm import normed_and_heads
 from foldmill.model.token_rows import by_token_rows
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
@@ -176,9 +177,10 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             x = x.transpose(-2, -3)
             mask = mask.transpose(-1, -2)
-        x = self.layer_norm(x)  # a new tensor: residual_out may be x's own storage
-        # (B, 1, H, N, N), keys contiguous once per layer (kernels read it once per row block)
-        bias = self.linear(x).permute(0, 3, 1, 2).unsqueeze(1).contiguous()
+        # The norm is a new tensor (residual_out may be x's own storage); the bias (B, 1, H, N, N) has its keys
+        # contiguous once per layer (kernels read it once per row block).
+        x, bias = normed_and_heads(self.layer_norm, self.linear, x)
+        bias = bias.unsqueeze(1)
         key_mask = mask[:, :, None, None, :].bool()
         weight = torch.cat(self.mha.projection_weights())
         rows = projection_block_rows(x.shape[0], x.shape[2], weight.shape[0], x.element_size())
