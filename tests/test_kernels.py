@@ -106,6 +106,24 @@ def test_sdpa_pair_bias_attention_matches_reference_fp32():
     assert relative_error(sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
 
 
+def test_pair_bias_attention_triton_backend_defers_where_the_kernel_does_not_apply():
+    """Autograd recording, or heads wider than the flash kernel's 64: SDPA's backend runs instead."""
+    from foldmill.kernels import triton_triangle_attention
+
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 9, 4, 24, generator=generator) for _ in range(3))
+    bias = torch.randn(2, 4, 9, 9, generator=generator)
+    mask = (torch.rand(2, 9, generator=generator) > 0.2).float()
+    q.requires_grad_()
+    out = triton_triangle_attention.attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    assert torch.equal(out, sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6))
+    out.sum().backward()
+    assert q.grad is not None
+    wide = [torch.randn(1, 5, 2, 96, generator=generator) for _ in range(3)]
+    out = triton_triangle_attention.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
+    assert torch.equal(out, sdpa.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
+
+
 def test_modules_route_through_the_registry():
     module = TriangleAttentionStartingNode(c_in=12, c_hidden=4, num_heads=3).eval()
     generator = torch.Generator().manual_seed(2)

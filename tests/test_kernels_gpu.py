@@ -97,6 +97,26 @@ def test_triangle_attention_module_backends(starting):
             assert relative_error(out.float(), expected) <= 2 * BF16_TOL, name
 
 
+@pytest.mark.parametrize(("batch", "head_dim"), [(1, 24), (2, 24), (1, 32)])
+def test_pair_bias_attention_on_the_flash_kernel_matches_the_fp32_math(batch, head_dim):
+    """The single track's attention (16 heads x 24, padded to the kernel's 32) through the registry's Triton
+    backend: bf16 within BF16_TOL of the fp32 reference, records with their own key masks and bias."""
+    _needs_triton()
+    n, heads = 301, 16
+    g = generator(31)
+    q, k, v = (torch.randn(batch, n, heads, head_dim, device=CUDA, generator=g) for _ in range(3))
+    bias = 2 * torch.randn(batch, heads, n, n, device=CUDA, generator=g)
+    mask = torch.stack([(torch.arange(n, device=CUDA) < n - 7 - 30 * b).float() for b in range(batch)])
+    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        kernels.reset_counts()
+        with kernels.kernel_policy(force={"attention_pair_bias": "triton"}):
+            out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, 1e6)
+    assert kernels.chosen_counts() == {"attention_pair_bias/triton": 1}
+    assert out.shape == expected.shape and out.dtype == torch.bfloat16
+    assert relative_error(out, expected) <= BF16_TOL
+
+
 @pytest.mark.parametrize("starting", [True, False])
 def test_triangle_attention_module_adds_into_the_pair_by_row_blocks(starting, monkeypatch):
     """As the fast path runs it: bf16 linears, the fp32 pair as residual_out, the projection in blocks of

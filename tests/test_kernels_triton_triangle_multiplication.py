@@ -117,9 +117,12 @@ def test_backend_runs_the_reference_where_the_kernels_do_not_apply():
 
 # name, (batch, tokens, channels), compute dtype, direction, residual, (pairs, warps, stages) pinned for both
 # kernels (None: their defaults).
-# 70 tokens leave a partial pair block; the fp32 cases are exact, the bf16 ones carry bf16 rounding.
+# 70 tokens leave a partial pair block; 24 (a multiple of 8, as the model pads) and 2 x 12 run the kernels'
+# 8- and 4-aligned forms; the fp32 cases are exact, the bf16 ones carry bf16 rounding.
 INTERPRETER_CASES = [
     ("fp32_outgoing", (1, 13, 32), torch.float32, "outgoing", False, None),
+    ("fp32_incoming_residual_24_tokens", (1, 24, 32), torch.float32, "incoming", True, (16, 4, 1)),
+    ("bf16_outgoing_two_batches_12_tokens", (2, 12, 16), torch.bfloat16, "outgoing", False, None),
     ("fp32_incoming_residual", (2, 11, 16), torch.float32, "incoming", True, (32, 4, 1)),
     ("bf16_outgoing_residual", (1, 70, 16), torch.bfloat16, "outgoing", True, (64, 8, 3)),
     ("bf16_incoming_c128", (1, 10, 128), torch.bfloat16, "incoming", False, None),
@@ -168,14 +171,14 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             (_gated_edges_kernel, edges_signature, {}),
             (_gated_output_kernel, output_signature, {"RESIDUAL": True}),
         ):
-            constants = {"C": 128, "BLOCK_P": config.block_p, **constants, **flags}
+            constants = {"C": 128, "BLOCK_P": config.block_p, "ALIGN": 8, **constants, **flags}  # the model's
             shared = sm90_shared_memory(kernel, signature, constants, config.num_warps, config.num_stages)
             assert shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, shared)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
-@pytest.mark.parametrize("batch, tokens, channels", [(1, 130, 128), (2, 67, 64), (1, 517, 128)])
+@pytest.mark.parametrize("batch, tokens, channels", [(1, 130, 128), (2, 67, 64), (1, 517, 128), (1, 264, 128)])
 def test_backend_matches_the_math_on_the_gpu(direction, batch, tokens, channels):
     """bf16 through the registry: within BF16_TOL and no worse than 1.5x the reference's own bf16 error; in
     place with residual_out: x + that update, in x's storage. (fp32 is the interpreter test's.)"""

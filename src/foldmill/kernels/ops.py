@@ -5,7 +5,7 @@
 | triangle_multiplication | triangle_multiplicative_update(x, ...)        | cueq, triton  | x (B, N, N, C)   |
 | triangle_attention      | triangle_attention_core(q, k, v, bias, ...)   | cueq, sdpa, triton | keys of q   |
 | gated_triangle_attention | gated_triangle_attention(q, ..., gate, ...)  | triton (fused gate) | keys of q  |
-| attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa          | keys of k        |
+| attention_pair_bias     | attention_with_pair_bias(q, k, v, bias, ...)  | sdpa, triton  | keys of k        |
 | transition              | transition(x, norm/fc1/fc2/fc3 weights, ...)  | triton        | x (..., N, C)    |
 | layer_norm              | layer_norm_in_compute_dtype(x, w, b, eps)     | triton        | x (..., N, C)    |
 | layer_norm_heads        | layer_norm_heads(x, w, b, eps, head_w, keep)  | triton        | x (B, I, J, C)   |
@@ -104,7 +104,10 @@ register_op(
     "attention_pair_bias",
     OpSpec(
         tokens=lambda q, k, *args, **kwargs: k.shape[1],
-        backends=(Backend("sdpa", sdpa.attention_with_pair_bias, _CPU_AND_CUDA, _FLOAT),),
+        backends=(
+            Backend("sdpa", sdpa.attention_with_pair_bias, _CPU_AND_CUDA, _FLOAT),
+            Backend("triton", triton_triangle_attention.attention_with_pair_bias, _CUDA, _HALF, triton_support.available),
+        ),
     ),
 )
 

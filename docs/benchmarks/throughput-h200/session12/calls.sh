@@ -42,4 +42,23 @@ profile() {
   timeout 200 python3 $F12/pair_block_profile.py $OUT/profile 1672,2472 > $OUT/profile.log 2>&1
   echo "profile rc=$?"; grep -v "^-\|^ *$" $OUT/profile.log | cut -c1-190 | head -70
 }
+# Lease 4, the final code (the output projection accumulating into the pair, the bias folded once per
+# module, LayerNorm + bias heads in one kernel, the aligned triangle-multiplication kernels, small targets
+# first): with the last part and bench-tmp, install; the GPU tests of every changed file; the aligned
+# kernels against session 11's; one small target with an empty kernel cache. tpd right after: the
+# 12-target stratified sample on that cache.
+GPU_TESTS_FINAL="tests/test_kernels_triton_attention.py tests/test_kernels_triton_triangle_multiplication.py
+  tests/test_kernels_gpu.py tests/test_kernels_triton_layer_norm.py tests/test_kernels_fastpath.py tests/test_model_structure.py"
+tpc() {
+  stage > /dev/null
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS_FINAL > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -8
+  timeout 100 python3 $F12/trimul_aligned.py $OUT/trimul bench-tmp/trimul_kernel_session11.py 1704,2472 > $OUT/trimul.log 2>&1
+  echo "trimul bench rc=$?"; grep '^{' $OUT/trimul.log | cut -c1-200; tail -2 $OUT/trimul.log | cut -c1-300
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 1 --sample-max-length 600}" TP_TIMEOUT=120 throughput run3_small_cold
+}
+tpd() {
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 12}" TP_TIMEOUT=570 throughput run4_sample12
+}
 "$@"
