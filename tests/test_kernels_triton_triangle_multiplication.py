@@ -117,8 +117,8 @@ def test_backend_runs_the_reference_where_the_kernels_do_not_apply():
 
 # name, (batch, tokens, channels), compute dtype, direction, residual, (pairs, warps, stages) pinned for both
 # kernels (None: their defaults).
-# 70 tokens leave a partial pair block; 24 (a multiple of 8, as the model pads) and 2 x 12 run the kernels'
-# 8- and 4-aligned forms; the fp32 cases are exact, the bf16 ones carry bf16 rounding.
+# 70 tokens leave a partial pair block; 24 (a multiple of 8, as the model pads) and 2 x 12 run the edges
+# kernel's 8- and 4-aligned forms; the fp32 cases are exact, the bf16 ones carry bf16 rounding.
 INTERPRETER_CASES = [
     ("fp32_outgoing", (1, 13, 32), torch.float32, "outgoing", False, None),
     ("fp32_incoming_residual_24_tokens", (1, 24, 32), torch.float32, "incoming", True, (16, 4, 1)),
@@ -168,10 +168,10 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     flags = {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
     for config in (EDGES_CONFIG, OUTPUT_CONFIG):
         for kernel, signature, constants in (
-            (_gated_edges_kernel, edges_signature, {}),
+            (_gated_edges_kernel, edges_signature, {"ALIGN": 8}),  # the model's token counts: multiples of 8
             (_gated_output_kernel, output_signature, {"RESIDUAL": True}),
         ):
-            constants = {"C": 128, "BLOCK_P": config.block_p, "ALIGN": 8, **constants, **flags}  # the model's
+            constants = {"C": 128, "BLOCK_P": config.block_p, **constants, **flags}
             shared = sm90_shared_memory(kernel, signature, constants, config.num_warps, config.num_stages)
             assert shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, shared)
 

@@ -395,8 +395,10 @@ def _prepared_bias(
     """(the shared key bias, the folded bias), made once per bias when the caller keeps `prepared` for the
     calls on one bias (TriangleAttention's row blocks: at 2,472 tokens twelve folds of 49 MB per module,
     1.8 ms per pairformer block, session 12). The first call's rows set the shared mask; later blocks'
-    rows conform to it or take the per-row loop, so the result is the same either way."""
-    source = (bias.data_ptr(), bias._version, tuple(bias.shape), compute_dtype)
+    rows conform to it or take the per-row loop, so the result is the same either way. The bias is known by
+    its storage and shape (a module call does not write it between its blocks; inference tensors carry no
+    version counter to tell)."""
+    source = (bias.data_ptr(), tuple(bias.shape), compute_dtype)
     if prepared is not None and prepared.get("source") == source:
         return prepared["shared_key_bias"], prepared["folded_bias"]
     shared_key_bias = _shared_key_bias(mask, batch, rows, mask.shape[-1], compute_dtype)

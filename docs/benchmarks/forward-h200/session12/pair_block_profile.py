@@ -1,5 +1,6 @@
 """Session 12 device profile (issue 6): where one trunk pairformer block's GPU time goes, by sub-module
-(CUDA events on forward hooks, median of 3 calls) and by kernel (torch profiler, one call), at the given
+(CUDA events on forward hooks, the median call over 3 blocks: a module called several times per block,
+the pair transition by rows, shows one call; so `outside_submodules_ms` over-counts it) and by kernel (torch profiler, one call), at the given
 token counts. The block is the fast path's own (FastBoltz2 on the full-size demo model: bf16 weights,
 fp32 pair), run as the trunk runs it (bf16 autocast, z updated in place); the last N/64 tokens padding.
 

@@ -56,9 +56,21 @@ tpc() {
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -8
   timeout 100 python3 $F12/trimul_aligned.py $OUT/trimul bench-tmp/trimul_kernel_session11.py 1704,2472 > $OUT/trimul.log 2>&1
   echo "trimul bench rc=$?"; grep '^{' $OUT/trimul.log | cut -c1-200; tail -2 $OUT/trimul.log | cut -c1-300
+  timeout 100 python3 $F12/pair_block_profile.py $OUT/profile_final 2472 > $OUT/profile_final.log 2>&1
+  echo "profile rc=$?"; grep "^2472" $OUT/profile_final.log | cut -c1-400
   TP_ARGS="${TP_ARGS/--sample 4/--sample 1 --sample-max-length 600}" TP_TIMEOUT=120 throughput run3_small_cold
 }
 tpd() {
   TP_ARGS="${TP_ARGS/--sample 4/--sample 12}" TP_TIMEOUT=570 throughput run4_sample12
+}
+# Lease 5 (the last device minutes; lease 4's machine was gone before tpd): with the last part, install;
+# the fixed code (no version counter on inference tensors; the output kernel unaligned again) on one small
+# target with an empty kernel cache, then the 4-target stratified sample of sessions 7-10 (849, 1,100, 1,672,
+# 2,467 residues) on that cache.
+tpe() {
+  stage > /dev/null
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 1 --sample-max-length 600}" TP_TIMEOUT=100 throughput run5_small_cold
+  TP_TIMEOUT=170 throughput run6_sample4_warm
 }
 "$@"
