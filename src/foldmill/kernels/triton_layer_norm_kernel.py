@@ -91,6 +91,18 @@ def fused_layer_norm(
 HEAD_BLOCK = 16  # heads per projection tile (tl.dot's least width); fewer heads are masked
 
 
+@triton.jit
+def affine_layer_norm(x, col, eps, weight_ptr, bias_ptr, C: tl.constexpr):
+    """The fp32 LayerNorm (weight and bias) of each row of an fp32 (rows, C) tile, C a power of two (col:
+    tl.arange(0, C)); the triangle multiplication's kernels use it too."""
+    mean = tl.sum(x, axis=1) / C
+    centred = x - mean[:, None]
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
+    weight = tl.load(weight_ptr + col).to(tl.float32)
+    bias = tl.load(bias_ptr + col).to(tl.float32)
+    return centred * rstd[:, None] * weight[None, :] + bias[None, :]
+
+
 @triton.jit(do_not_specialize=["rows", "plane"])
 def _layer_norm_heads_kernel(
     x_ptr,
@@ -122,11 +134,7 @@ def _layer_norm_heads_kernel(
     dtype = heads_ptr.dtype.element_ty  # the compute dtype
     start = (row // inner) * outer_stride + (row % inner) * inner_stride
     x = tl.load(x_ptr + start[:, None] + col[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / WIDTH
-    centred = x - mean[:, None]
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / WIDTH + eps)
-    y = centred * rstd[:, None] * tl.load(weight_ptr + col).to(tl.float32)[None, :]
-    normed = rounded(y + tl.load(bias_ptr + col).to(tl.float32)[None, :], dtype, EMULATE_BF16)
+    normed = rounded(affine_layer_norm(x, col, eps, weight_ptr, bias_ptr, WIDTH), dtype, EMULATE_BF16)
     if KEEP_NORMED:
         tl.store(normed_ptr + row[:, None] * WIDTH + col[None, :], normed.to(dtype), mask=row_ok[:, None])
     head = tl.arange(0, BLOCK_H)

@@ -26,6 +26,7 @@ kernel has no backward; inference runs under no_grad).
 from __future__ import annotations
 
 from torch import Tensor
+from torch.nn import functional as F
 
 from foldmill.kernels.registry import compute_dtype
 from foldmill.kernels.triton_support import records_autograd
@@ -93,8 +94,6 @@ def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask
         from foldmill.kernels.sdpa import attention_with_pair_bias as sdpa_attention
 
         return sdpa_attention(q, k, v, bias, mask, inf)
-    from torch.nn import functional as F
-
     from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
 
     dtype = compute_dtype(q)

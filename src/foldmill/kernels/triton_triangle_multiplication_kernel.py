@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
+from foldmill.kernels.triton_layer_norm_kernel import affine_layer_norm
 from foldmill.kernels.triton_support import dot_flags
 
 
@@ -55,24 +56,13 @@ PROGRAMS_PER_SM = 4
 
 
 @triton.jit
-def _layer_norm(x, col, eps, weight_ptr, bias_ptr, C: tl.constexpr):
-    """The fp32 LayerNorm of each row of an fp32 (pairs, C) tile."""
-    mean = tl.sum(x, axis=1) / C
-    centred = x - mean[:, None]
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
-    weight = tl.load(weight_ptr + col).to(tl.float32)
-    bias = tl.load(bias_ptr + col).to(tl.float32)
-    return centred * rstd[:, None] * weight[None, :] + bias[None, :]
-
-
-@triton.jit
 def _normed_tile(
     tile, ok, col, eps, weight_ptr, bias_ptr, C: tl.constexpr, DTYPE: tl.constexpr, EMULATE_BF16: tl.constexpr
 ):  # fmt: skip
     """A (pairs, C) tile loaded as fp32 (rows past the end: zeros), and its LayerNorm rounded to the compute
     dtype (the reference's autocast linears read it so)."""
     x = tl.load(tile, mask=ok[:, None], other=0.0).to(tl.float32)
-    return x, rounded(_layer_norm(x, col, eps, weight_ptr, bias_ptr, C), DTYPE, EMULATE_BF16)
+    return x, rounded(affine_layer_norm(x, col, eps, weight_ptr, bias_ptr, C), DTYPE, EMULATE_BF16)
 
 
 @triton.jit
