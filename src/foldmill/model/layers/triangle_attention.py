@@ -111,7 +111,8 @@ class GatedAttention(nn.Module):
     """Multi-head self-attention with a sigmoid output gate; holds the q/k/v/g/o projections.
 
     The input projections are applied by the caller (TriangleAttention) as one matrix product of
-    the four weights concatenated; `forward` takes their (q | k | v | g) result.
+    the four weights concatenated; `gated_attention` takes their (q | k | v | g) result, and the caller
+    applies linear_o (or accumulates it into the pair: add_projection).
     """
 
     def __init__(self, c_in: int, c_hidden: int, num_heads: int) -> None:
@@ -136,8 +137,9 @@ class GatedAttention(nn.Module):
     def gated_attention(
         self, projected: Tensor, bias: Tensor, mask: Tensor, chunk_size: int | None = None, prepared: dict | None = None
     ) -> Tensor:
-        """The gated attention before the output projection: (B, I, J, H*D). `prepared`: see
-        gated_triangle_attention."""
+        """projected: (B, I, J, 4*H*D) = x @ [q|k|v|g]^T, bias: (B, 1, H, J, J), mask: (B, I, 1, 1, J) bool
+        -> the gated attention before the output projection, (B, I, J, H*D). chunk_size: rows per attention
+        call (a flash backend needs none); `prepared`: see gated_triangle_attention."""
         q, k, v, gate = projected.chunk(4, dim=-1)
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         scale = 1.0 / math.sqrt(self.c_hidden)
@@ -145,11 +147,6 @@ class GatedAttention(nn.Module):
             "gated_triangle_attention", gated_triangle_attention, q, k, v, bias, mask, scale, gate, chunk_size,
             prepared,
         )  # fmt: skip
-
-    def forward(self, projected: Tensor, bias: Tensor, mask: Tensor, chunk_size: int | None = None) -> Tensor:
-        """projected: (B, I, J, 4*H*D) = x @ [q|k|v|g]^T, bias: (B, 1, H, J, J), mask: (B, I, 1, 1, J) bool
-        -> (B, I, J, C). chunk_size: rows per attention call (a flash backend needs none)."""
-        return self.linear_o(self.gated_attention(projected, bias, mask, chunk_size))
 
 
 class TriangleAttention(nn.Module):
