@@ -36,11 +36,13 @@ from foldmill.kernels.triton_support import dot_flags
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Pairs per program and warps."""
+    """Pairs per program, warps, software-pipeline stages, and a cap on registers per thread (None: the
+    compiler's choice), which sets how many programs share an SM."""
 
     block_p: int
     num_warps: int
     num_stages: int = 2
+    max_registers: int | None = None
 
 
 # Pinned on the H200 at 2,472 tokens (session 11, docs/benchmarks/forward-h200/session11/trimul_configs.py):
@@ -216,6 +218,8 @@ def _aligned(tokens: int) -> int:
 
 def _launch(kernel: triton.JITFunction, programs: int, config: BlockConfig, *args, **constants) -> None:
     """One persistent launch of `programs` programs at `config`."""
+    if config.max_registers is not None:
+        constants["maxnreg"] = config.max_registers
     kernel[(programs,)](*args, **constants, BLOCK_P=config.block_p, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
