@@ -259,29 +259,6 @@ def test_triton_transition_under_autocast(dim, input_dtype):
     assert relative_error(out, expected) <= BF16_TOL
 
 
-@pytest.mark.parametrize("stream_dtype", [torch.float32, torch.bfloat16])
-def test_triton_transition_adds_into_a_block_of_pair_rows(stream_dtype, monkeypatch):
-    """As the pairformer runs it: token rows of the pair, x + update written into them by the kernel,
-    exactly the separate add of the kernel's bf16 update; the other rows untouched. The in-place call
-    is tuned here (no cached winner), so its benchmark launches must leave the rows as they were."""
-    _needs_triton()
-    from foldmill.kernels.triton_transition_kernel import _autotuned_kernel
-
-    monkeypatch.setattr(_autotuned_kernel, "cache", {})
-    monkeypatch.setattr(_autotuned_kernel, "cache_results", False)
-    module = _transition_module(128, seed=11)
-    z = torch.randn(1, 40, 37, 128, device=CUDA, generator=generator(12)).to(stream_dtype)
-    original = z.clone()
-    with torch.no_grad(), kernels.kernel_policy(force={"transition": "triton"}), torch.autocast("cuda", torch.bfloat16):
-        update = module(z[:, 8:29])
-        kernels.reset_counts()
-        block = z[:, 8:29]
-        assert module(block, residual_out=block) is block
-    assert kernels.chosen_counts() == {"transition/triton": 1}
-    assert torch.equal(z[:, :8], original[:, :8]) and torch.equal(z[:, 29:], original[:, 29:])
-    assert torch.equal(z[:, 8:29], (original[:, 8:29].float() + update.float()).to(stream_dtype))
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_triton_transition_every_block_config(dtype):
     """Each autotuning candidate compiles, fits and is right (weights stored in `dtype`, no autocast)."""

@@ -139,42 +139,6 @@ def test_fused_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             assert error <= 1.5 * torch_bf16_errors[name], (name, error, torch_bf16_errors[name])
 
 
-# (name, pair tensor shape, its dtype, token rows the call takes (None: all), how to run). The call adds
-# its update into those rows of the pair tensor (residual_out is x itself, as the pairformer passes it).
-# "backend" runs the registry backend under CPU bf16 autocast; its batch-2 row block does not flatten
-# into rows without a copy, so the backend adds the kernel's update separately.
-RESIDUAL_CASES = [
-    ("fp32_stream_all_rows", (1, 9, 23, 128), torch.float32, None, "kernel"),
-    ("fp32_stream_token_row_block", (1, 12, 21, 128), torch.float32, (4, 9), "kernel"),
-    ("bf16_stream_token_row_block", (1, 12, 21, 128), torch.bfloat16, (0, 5), "kernel"),
-    ("backend_unflattened_row_block", (2, 8, 11, 128), torch.float32, (2, 5), "backend"),
-]
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_fused_kernel_adds_into_the_residual_under_the_triton_interpreter(tmp_path):
-    """x + update written into x's own rows: rows outside the call untouched, the update within bf16
-    rounding of the fp32 math, and the sum exactly the reference's add of the kernel's bf16 update."""
-    cases, originals = [], {}
-    for index, (name, shape, stream_dtype, rows, via) in enumerate(RESIDUAL_CASES):
-        z = torch.randn(*shape, generator=torch.Generator().manual_seed(300 + index)).to(stream_dtype)
-        cases.append({"name": name, "x": z, "weights": weights(128, 512, 128, seed=400 + index), "rows": rows, "via": via})
-        originals[name] = z.clone()
-    outputs = run_interpreted(__file__, cases, tmp_path)
-    for case in cases:
-        name, z, out = case["name"], originals[case["name"]], outputs[case["name"]]
-        start, stop = case["rows"] or (0, z.shape[1])
-        assert out.dtype == z.dtype and out.shape == z.shape, name
-        assert torch.equal(out[:, :start], z[:, :start]) and torch.equal(out[:, stop:], z[:, stop:]), name
-        block = z[:, start:stop]
-        update = out[:, start:stop].float() - block.float()
-        assert relative_error(update, plain_math(block, case["weights"])) <= BF16_TOL, name
-        # Exactly the reference's add: x plus the kernel's own (compute-dtype) update, in x's dtype.
-        own_update = outputs[f"{name}/update"]
-        assert own_update.dtype == torch.bfloat16, name
-        assert torch.equal(out[:, start:stop], (block.float() + own_update.float()).to(z.dtype)), name
-
-
 H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
 
 
@@ -190,22 +154,19 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 
     pointers = {"x_ptr": "*fp32", "out_ptr": "*bf16", "norm_weight_ptr": "*fp32", "norm_bias_ptr": "*fp32"}
     pointers |= {"fc1_ptr": "*bf16", "fc2_ptr": "*bf16", "fc3_ptr": "*bf16"}
-    scalars = {"rows": "i32", "x_row_stride": "i32", "out_row_stride": "i32", "eps": "fp32"}
+    scalars = {"rows": "i32", "x_row_stride": "i32", "eps": "fp32"}
     for dim, configs in ((128, NARROW_CONFIGS), (384, WIDE_CONFIGS)):
         for config in configs:
-            for residual in (False, True):
-                constants = {"DIM": dim, "HIDDEN": 4 * dim, "OUT_DIM": dim, "BLOCK_D": triton.next_power_of_2(dim)}
-                constants |= {"BLOCK_O": constants["BLOCK_D"], "BLOCK_M": config.block_m, "BLOCK_H": config.block_h}
-                constants |= {"RESIDUAL": residual, "DOT_PRECISION": "tf32", "EMULATE_BF16": False}
-                out_dtype = "*fp32" if residual else "*bf16"  # the residual stream's dtype, else the compute dtype
-                signature = {**pointers, "out_ptr": out_dtype, **scalars, **dict.fromkeys(constants, "constexpr")}
-                compiled = triton.compile(
-                    ASTSource(_transition_kernel, signature, constants),
-                    target=GPUTarget("cuda", 90, 32),
-                    options={"num_warps": config.num_warps, "num_stages": config.num_stages},
-                )
-                shared = compiled.metadata.shared
-                assert shared <= H100_SHARED_MEMORY_BYTES, (dim, config, residual, shared)
+            constants = {"DIM": dim, "HIDDEN": 4 * dim, "OUT_DIM": dim, "BLOCK_D": triton.next_power_of_2(dim)}
+            constants |= {"BLOCK_O": constants["BLOCK_D"], "BLOCK_M": config.block_m, "BLOCK_H": config.block_h}
+            constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
+            signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
+            compiled = triton.compile(
+                ASTSource(_transition_kernel, signature, constants),
+                target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+            )
+            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (dim, config, compiled.metadata.shared)
 
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
@@ -214,17 +175,6 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):
-        if "rows" in case:  # a residual case: x + update into the pair tensor's rows
-            z, w = case["x"], case["weights"]
-            block = z if case["rows"] is None else z[:, case["rows"][0] : case["rows"][1]]
-            outputs[f"{case['name']}/update"] = fused_transition(block, *w.values(), 1e-5, torch.bfloat16)
-            if case["via"] == "backend":
-                with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-                    triton_transition.transition(block, **w, residual_out=block)
-            else:
-                fused_transition(block, *w.values(), 1e-5, torch.bfloat16, residual_out=block)
-            outputs[case["name"]] = z
-            continue
         x, w, dtype = case["x"], case["weights"], getattr(torch, case["dtype"].removeprefix("torch."))
         if case["via"] == "backend":
             with torch.autocast("cpu", dtype=dtype), torch.no_grad():

@@ -7,9 +7,7 @@ activations on chip (foldmill.kernels.triton_transition_kernel), reading x once 
 output once, so memory stays at input + output and time at the matrix products.
 
 Same arguments and result as foldmill.model.layers.transition.transition: the output is in the
-compute dtype (the autocast dtype, else x's), which is what the reference returns under autocast; with
-`residual_out`, x + output in its dtype, added in the kernel's own pass (on the pair track that saves a
-separate add's three passes over the fp32 pair: 2.8 ms of a pairformer block at 2,472 tokens, session 12).
+compute dtype (the autocast dtype, else x's), which is what the reference returns under autocast.
 `chunk_size` only bounds the reference's memory; the kernel always works in hidden slices. Triton is
 imported lazily: this module loads where triton is absent (CPU CI); `triton_support.available()` is
 then False. The reference math runs here instead for widths the kernel does not hold on chip (padded
@@ -23,7 +21,6 @@ from torch import Tensor
 
 from foldmill.kernels.registry import compute_dtype
 from foldmill.kernels.triton_support import MIN_WIDTH, padded_width, records_autograd
-from foldmill.model.residual import with_residual
 
 MAX_BLOCK_WIDTH = 512  # widest padded row one program keeps in registers (the single track's 384 pads to 512)
 
@@ -42,18 +39,13 @@ def transition(
     fc3_weight: Tensor,
     eps: float = 1e-5,
     chunk_size: int | None = None,
-    residual_out: Tensor | None = None,
 ) -> Tensor:
     """The registry backend: the fused kernel, or the reference where the kernel does not apply."""
     autograd = records_autograd(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
     if autograd or not supported(x.shape[-1], fc3_weight.shape[0]):
         from foldmill.model.layers.transition import transition as reference
 
-        return reference(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, chunk_size, residual_out)
-    from foldmill.kernels.triton_transition_kernel import fused_transition, takes_residual
+        return reference(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, chunk_size)
+    from foldmill.kernels.triton_transition_kernel import fused_transition
 
-    weights = (norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
-    if residual_out is None or takes_residual(x, residual_out):
-        return fused_transition(x, *weights, eps, compute_dtype(x), residual_out=residual_out)
-    # A residual the kernel cannot write row by row (say, a strided view): the update, then the add.
-    return with_residual(x, fused_transition(x, *weights, eps, compute_dtype(x)), residual_out)
+    return fused_transition(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, compute_dtype(x))

@@ -4,9 +4,7 @@ One program normalises BLOCK_M rows (LayerNorm statistics in fp32), then walks t
 in BLOCK_H slices: a = xn @ fc1[slice].T and b = xn @ fc2[slice].T (fp32 accumulation), the
 gate silu(a) * b in fp32, rounded to the compute dtype, then accumulated into
 out += gate @ fc3[:, slice].T. The (rows x hidden) intermediate lives only in registers/shared
-memory; HBM sees x once and the output once. With RESIDUAL the program adds its rows of x (read again,
-from L2: it read them at its start) to the update, rounded to the compute dtype as the reference's is,
-and stores x + update in the output's dtype (x's: the residual stream's). Widths that are not powers of two (the single
+memory; HBM sees x once and the output once. Widths that are not powers of two (the single
 track's 384) are padded to the next power of two with masked loads (zeros contribute nothing).
 """
 
@@ -59,7 +57,6 @@ def _transition_kernel(
     fc3_ptr,
     rows,
     x_row_stride,
-    out_row_stride,
     eps,
     DIM: tl.constexpr,
     HIDDEN: tl.constexpr,
@@ -68,7 +65,6 @@ def _transition_kernel(
     BLOCK_O: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    RESIDUAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
@@ -109,14 +105,9 @@ def _transition_kernel(
         fc3 = dot_operand(tl.load(fc3_ptr + fc3_offsets, mask=fc3_mask, other=0.0), EMULATE_BF16)
         acc = tl.dot(gate, fc3, acc, input_precision=DOT_PRECISION)
 
-    out_mask = row_ok[:, None] & out_col_ok[None, :]
+    out_offsets = row64[:, None] * OUT_DIM + out_col[None, :]
     out = rounded(acc, dtype, EMULATE_BF16).to(dtype)  # 2nd cast: exact, interpreter only (else a no-op)
-    if RESIDUAL:  # OUT_DIM == DIM: x + update, the reference's residual add
-        residual = tl.load(x_ptr + row64[:, None] * x_row_stride + out_col[None, :], mask=out_mask, other=0.0)
-        out = residual.to(tl.float32) + out.to(tl.float32)
-        if out_ptr.dtype.element_ty == tl.bfloat16:  # a bf16 stream: the interpreter's cast would truncate
-            out = rounded(out, tl.bfloat16, EMULATE_BF16)
-    tl.store(out_ptr + row64[:, None] * out_row_stride + out_col[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out_ptr + out_offsets, out, mask=row_ok[:, None] & out_col_ok[None, :])
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
@@ -129,17 +120,14 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # few hundred ms). That first call must be eager, never inside CUDA-graph capture: benchmarking
 # launches and synchronises.
 # The winners are kept in Triton's on-disk cache (keyed by GPU target, kernel source and key), so a
-# new process, say the next Slurm job's replica, reuses them instead of benchmarking again. Each
-# benchmarked launch gets the output back as it was (restore_value): with RESIDUAL the output is x
-# itself, which every launch adds its update into.
+# new process, say the next Slurm job's replica, reuses them instead of benchmarking again.
 _autotuned_kernel = triton.autotune(
     configs=[
         triton.Config({"BLOCK_M": c.block_m, "BLOCK_H": c.block_h}, num_warps=c.num_warps, num_stages=c.num_stages)
         for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
     ],
-    key=["DIM", "HIDDEN", "OUT_DIM", "RESIDUAL"],
+    key=["DIM", "HIDDEN", "OUT_DIM"],
     prune_configs_by={"early_config_prune": _prune},
-    restore_value=["out_ptr"],
     cache_results=True,
 )(_transition_kernel)
 
@@ -154,10 +142,8 @@ def fused_transition(
     eps: float,
     compute_dtype: torch.dtype,
     config: BlockConfig | None = None,
-    residual_out: Tensor | None = None,
 ) -> Tensor:
-    """fc3(silu(fc1(LN(x))) * fc2(LN(x))) in one kernel; returns (..., out_dim) in `compute_dtype`, or
-    with `residual_out` (see takes_residual) x + that, written into it and returned.
+    """fc3(silu(fc1(LN(x))) * fc2(LN(x))) in one kernel; returns (..., out_dim) in `compute_dtype`.
 
     x: (..., dim) in any float dtype (fp32 residual streams are read as is). The linear weights
     are cast to `compute_dtype` (a no-op when stored so). `config` pins the block sizes (else
@@ -166,20 +152,14 @@ def fused_transition(
     """
     dim = x.shape[-1]
     hidden, out_dim = fc1_weight.shape[0], fc3_weight.shape[0]
-    if residual_out is not None and not takes_residual(x, residual_out):
-        raise ValueError("residual_out must be shaped like x and viewable as rows of x's width")
     rows_in = x.reshape(-1, dim)
     if rows_in.stride(-1) != 1:
         rows_in = rows_in.contiguous()
     rows = rows_in.shape[0]
     fc1, fc2, fc3 = (w.to(compute_dtype).contiguous() for w in (fc1_weight, fc2_weight, fc3_weight))
-    if residual_out is None:
-        out = torch.empty(rows, out_dim, device=x.device, dtype=compute_dtype)
-        result = out.view(*x.shape[:-1], out_dim)
-    else:
-        out, result = residual_out.view(-1, out_dim), residual_out
+    out = torch.empty(rows, out_dim, device=x.device, dtype=compute_dtype)
     if rows == 0:
-        return result
+        return out.view(*x.shape[:-1], out_dim)
     on_cpu = x.device.type == "cpu"  # CPU tensors only run under Triton's interpreter
     shape_args = {
         "DIM": dim,
@@ -189,8 +169,7 @@ def fused_transition(
         "BLOCK_O": padded_width(out_dim),
         **dot_flags(x.device, compute_dtype),
     }
-    shape_args["RESIDUAL"] = residual_out is not None
-    args = (rows_in, out, norm_weight, norm_bias, fc1, fc2, fc3, rows, rows_in.stride(0), out.stride(0), eps)
+    args = (rows_in, out, norm_weight, norm_bias, fc1, fc2, fc3, rows, rows_in.stride(0), eps)
     if config is None and on_cpu:  # no benchmarking in the interpreter
         config = candidates(shape_args["BLOCK_D"], shape_args["BLOCK_O"])[0]
     if config is None:
@@ -205,17 +184,4 @@ def fused_transition(
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-    return result
-
-
-def takes_residual(x: Tensor, residual_out: Tensor) -> bool:
-    """Whether the kernel can write x + update into `residual_out` (x itself, or a tensor like x): the
-    same shape, and rows of x's width it can address without a copy (a contiguous view qualifies, e.g.
-    a block of token rows of a batch-1 pair tensor)."""
-    if residual_out.shape != x.shape or residual_out.stride(-1) != 1:
-        return False
-    try:
-        rows = residual_out.view(-1, x.shape[-1])
-    except RuntimeError:  # leading dimensions that do not flatten without a copy
-        return False
-    return rows.stride(-1) == 1
+    return out.view(*x.shape[:-1], out_dim)

@@ -74,7 +74,7 @@ class MSALayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """in_place: z is the caller's to overwrite (see PairformerNoSeqLayer.update_pair)."""
         m = m + self.pair_weighted_averaging(m, z, token_pair_mask, chunking.pair_averaging_by_head)
-        m = self.msa_transition(m, chunking.msa_transition, residual_out=m)  # m is this block's own here
+        m = m + self.msa_transition(m, chunking.msa_transition)
         z = accumulate(z, self.outer_product_mean(m, msa_mask, chunking.outer_product_rows), in_place)
         # z is this block's own from here on
         z = self.pairformer_layer(z, token_pair_mask, chunking.triangle_attention, in_place=True)

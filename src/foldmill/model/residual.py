@@ -1,7 +1,5 @@
 """Residual adds into a pair tensor's own storage: one (N, N, token_z) fp32 tensor is 17 GiB at 6,000
-tokens, so a stack that owns its z adds in place instead of holding the old and the new sum. Ops that
-take `residual_out` (the triangle multiplication, the transition) let a fused backend add in its own
-pass; `with_residual` is what every other backend returns."""
+tokens, so a stack that owns its z adds in place instead of holding the old and the new sum."""
 
 from __future__ import annotations
 
@@ -15,13 +13,3 @@ def accumulate(z: Tensor, update: Tensor, in_place: bool = True) -> Tensor:
     if in_place and torch.result_type(z, update) == z.dtype:
         return z.add_(update)
     return z + update
-
-
-def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
-    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x). In-place
-    adds, not `out=`, so autograd records it."""
-    if residual_out is None:
-        return update
-    if residual_out is not x:
-        residual_out.copy_(x)
-    return residual_out.add_(update)

@@ -75,10 +75,10 @@ class PairformerNoSeqLayer(nn.Module):
         z = self.tri_att_end(z, pair_mask, chunk_size_tri_attn, residual_out=z)
         rows = pair_transition_rows(z.shape[1], z.shape[-1])
         if rows is None:
-            return self.transition_z(z, residual_out=z)
+            z += self.transition_z(z)
+            return z
         for start in range(0, z.shape[1], rows):
-            block = z[:, start : start + rows]
-            self.transition_z(block, residual_out=block)
+            z[:, start : start + rows] += self.transition_z(z[:, start : start + rows])
         return z
 
     def forward(

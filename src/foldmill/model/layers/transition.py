@@ -1,9 +1,8 @@
 """SwiGLU transition: LayerNorm, then fc3(silu(fc1(x)) * fc2(x)).
 
-Input x (..., dim) -> output (..., out_dim); with `residual_out` (x itself, or a tensor like x), x + output
-written into it (the pair and MSA tracks pass x itself, so the fused backend adds in its own pass). Used
-on the single track (s), the pair track (z) and the MSA track (m). Parameters: norm, fc1, fc2, fc3
-(bias-free linears), named as in the Boltz-2 checkpoint.
+Input x (..., dim) -> output (..., out_dim). Used on the single track (s), the pair
+track (z) and the MSA track (m). Parameters: norm, fc1, fc2, fc3 (bias-free linears),
+named as in the Boltz-2 checkpoint.
 
 The whole op is the plain function `transition`, called through the kernel registry
 (foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.triton_transition):
@@ -16,7 +15,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.model.residual import with_residual
 
 
 def transition(
@@ -28,22 +26,19 @@ def transition(
     fc3_weight: Tensor,
     eps: float = 1e-5,
     chunk_size: int | None = None,
-    residual_out: Tensor | None = None,
 ) -> Tensor:
-    """Reference: fc3(silu(fc1(LN(x))) * fc2(LN(x))) (with `residual_out`, added to x: see `with_residual`);
-    chunk_size splits the hidden width to bound peak memory."""
-    normed = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
+    """Reference: fc3(silu(fc1(LN(x))) * fc2(LN(x))); chunk_size splits the hidden width to bound peak memory."""
+    x = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias, eps)
     if chunk_size is None:
-        out = F.linear(F.silu(F.linear(normed, fc1_weight)) * F.linear(normed, fc2_weight), fc3_weight)
-        return with_residual(x, out, residual_out)
+        return F.linear(F.silu(F.linear(x, fc1_weight)) * F.linear(x, fc2_weight), fc3_weight)
     # Same sum, accumulated over slices of the hidden units.
     out = None
     for start in range(0, fc1_weight.shape[0], chunk_size):
         hidden_slice = slice(start, start + chunk_size)
-        gated = F.silu(normed @ fc1_weight[hidden_slice].T) * (normed @ fc2_weight[hidden_slice].T)
+        gated = F.silu(x @ fc1_weight[hidden_slice].T) * (x @ fc2_weight[hidden_slice].T)
         part = gated @ fc3_weight[:, hidden_slice].T
         out = part if out is None else out + part
-    return with_residual(x, out, residual_out)
+    return out
 
 
 class Transition(nn.Module):
@@ -58,9 +53,8 @@ class Transition(nn.Module):
         self.fc2 = nn.Linear(dim, hidden, bias=False)
         self.fc3 = nn.Linear(hidden, out_dim, bias=False)
 
-    def forward(self, x: Tensor, chunk_size: int | None = None, residual_out: Tensor | None = None) -> Tensor:
-        """x: (..., dim). chunk_size splits the hidden width to bound peak memory (reference path);
-        with `residual_out` (x itself, or a tensor like x), x + output is written into it."""
+    def forward(self, x: Tensor, chunk_size: int | None = None) -> Tensor:
+        """x: (..., dim). chunk_size splits the hidden width to bound peak memory (reference path)."""
         return kernels.dispatch(
             "transition",
             transition,
@@ -72,5 +66,4 @@ class Transition(nn.Module):
             self.fc3.weight,
             eps=self.norm.eps,
             chunk_size=chunk_size,
-            residual_out=residual_out,
         )

@@ -22,7 +22,6 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
 from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
-from foldmill.model.residual import with_residual
 from foldmill.model.token_rows import rows_per_block
 
 Direction = Literal["outgoing", "incoming"]
@@ -34,6 +33,16 @@ _PRODUCT_EQUATION = {"outgoing": "bikd,bjkd->bijd", "incoming": "bkid,bkjd->bijd
 def triangle_product(a: Tensor, b: Tensor, direction: Direction) -> Tensor:
     """The cubic core: a, b (B, N, N, D) -> (B, N, N, D), summed over the third node k."""
     return torch.einsum(_PRODUCT_EQUATION[direction], a, b)
+
+
+def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
+    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
+    result of every triangle multiplication backend. In-place adds, not `out=`, so autograd records it."""
+    if residual_out is None:
+        return update
+    if residual_out is not x:
+        residual_out.copy_(x)
+    return residual_out.add_(update)
 
 
 def triangle_multiplicative_update(
