@@ -63,18 +63,47 @@ BF16_TOL, FP32_TOL = 1e-2, 1e-5
 H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
 
 
-def sm90_shared_memory(kernel: Any, signature: dict[str, str], constants: dict[str, Any], num_warps: int, num_stages: int) -> int:
-    """Compile a Triton kernel for sm_90 ahead of time (no GPU needed); its shared memory in bytes."""
+def sm90_compiled(
+    kernel: Any,
+    signature: dict[str, str],
+    constants: dict[str, Any],
+    num_warps: int,
+    num_stages: int,
+    max_registers: int | None = None,
+) -> Any:
+    """A Triton kernel compiled for sm_90 ahead of time (no GPU needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    compiled = triton.compile(
+    options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return triton.compile(
         ASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options=options,
     )
-    return compiled.metadata.shared
+
+
+def sm90_shared_memory(kernel: Any, signature: dict[str, str], constants: dict[str, Any], num_warps: int, num_stages: int) -> int:
+    """Compile a Triton kernel for sm_90 ahead of time (no GPU needed); its shared memory in bytes."""
+    return sm90_compiled(kernel, signature, constants, num_warps, num_stages).metadata.shared
+
+
+def local_memory_instructions(compiled: Any, directory: Path) -> int | None:
+    """Local loads and stores (LDL/STL: spilled registers) in a compiled kernel's SASS, read with Triton's
+    bundled disassembler; None where the package carries none."""
+    import triton
+
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not nvdisasm.exists():
+        return None
+    cubin = directory / f"{compiled.metadata.name}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert "EXIT" in sass  # the disassembly is a kernel's
+    return sum(1 for line in sass.splitlines() if " LDL" in line or " STL" in line)
 
 
 def assert_gpu_backend_parity(op: str, reference: Any, backend: Any, inputs: tuple, expected: torch.Tensor) -> None:

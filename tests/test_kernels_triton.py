@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels import triton_support, triton_transition
 from foldmill.model.layers.transition import Transition, transition
-from kernel_testing import HAS_TRITON, relative_error, run_interpreted
+from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error, run_interpreted, sm90_compiled
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 
@@ -139,16 +139,11 @@ def test_fused_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
             assert error <= 1.5 * torch_bf16_errors[name], (name, error, torch_bf16_errors[name])
 
 
-H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed): each autotuning candidate must build
-    and fit in shared memory, else it could never launch on an H100/H200."""
+    and fit in shared memory, else it could never launch on an H100/H200; capped ones carry their cap."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _transition_kernel
 
@@ -160,13 +155,12 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             constants = {"DIM": dim, "HIDDEN": 4 * dim, "OUT_DIM": dim, "BLOCK_D": triton.next_power_of_2(dim)}
             constants |= {"BLOCK_O": constants["BLOCK_D"], "BLOCK_M": config.block_m, "BLOCK_H": config.block_h}
             constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
-            signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
-            compiled = triton.compile(
-                ASTSource(_transition_kernel, signature, constants),
-                target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+            compiled = sm90_compiled(
+                _transition_kernel, {**pointers, **scalars}, constants, config.num_warps, config.num_stages, config.max_registers
             )
             assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (dim, config, compiled.metadata.shared)
+            if config.max_registers is not None:
+                assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], config
 
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:

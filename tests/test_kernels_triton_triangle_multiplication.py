@@ -28,10 +28,11 @@ from kernel_testing import (
     FP32_TOL,
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
+    local_memory_instructions,
     patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
-    sm90_shared_memory,
+    sm90_compiled,
 )
 
 WEIGHT_NAMES = ("norm_in_w", "norm_in_b", "p_in", "g_in", "norm_out_w", "norm_out_b", "p_out", "g_out")
@@ -149,7 +150,9 @@ def test_kernels_match_the_math_under_the_triton_interpreter(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_every_block_config_compiles_for_sm90_within_shared_memory():
+def test_every_block_config_compiles_for_sm90_within_shared_memory(tmp_path):
+    """Each kernel at its shipped config (and the other's), within an H100/H200 block's shared memory;
+    the output kernel under its register cap without spilling."""
     from foldmill.kernels.triton_triangle_multiplication_kernel import (
         EDGES_CONFIG,
         OUTPUT_CONFIG,
@@ -172,8 +175,12 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             (_gated_output_kernel, output_signature, {"RESIDUAL": True}),
         ):
             constants = {"C": 128, "BLOCK_P": config.block_p, **constants, **flags}
-            shared = sm90_shared_memory(kernel, signature, constants, config.num_warps, config.num_stages)
-            assert shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, shared)
+            compiled = sm90_compiled(kernel, signature, constants, config.num_warps, config.num_stages, config.max_registers)
+            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, compiled.metadata.shared)
+            if config.max_registers is not None:
+                assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], (kernel.__name__, config)
+            if kernel is _gated_output_kernel and config == OUTPUT_CONFIG:
+                assert local_memory_instructions(compiled, tmp_path) in (0, None), config
 
 
 @pytest.mark.gpu

@@ -36,25 +36,28 @@ from foldmill.kernels.triton_support import dot_flags
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Pairs per program, warps, software-pipeline stages, and a cap on registers per thread (None: the
-    compiler's choice), which sets how many programs share an SM."""
+    """Pairs per program, warps, software-pipeline stages, a cap on registers per thread (None: the
+    compiler's choice), which sets how many programs share an SM, and the persistent programs launched
+    per SM (more than fit at once run in later waves, on equal shares of the tiles)."""
 
     block_p: int
     num_warps: int
     num_stages: int = 2
     max_registers: int | None = None
+    programs_per_sm: int = 4
 
 
 # Pinned on the H200 at 2,472 tokens (session 11, docs/benchmarks/forward-h200/session11/trimul_configs.py):
 # the edges kernel took 3.99 ms at 64 pairs x 8 warps x 3 stages (4.67 at 2 stages, 6.7-7.8 at 32 x 4), the
 # output kernel 5.60 ms at 32 x 4 x 1 (6.2-6.5 at 64 x 8); 64 x 4 and 128 x 8 were slower or ran out of
 # shared memory. No autotuning: each candidate cost a compilation in every new process (~20 s of a cold
-# run's first target for four). Compiled for sm_90 (Triton 3.6) both take 255 registers without spilling;
-# the weights stay in shared memory (the edges kernel's four 128 x 128 tiles: 128 KB).
+# run's first target for four). The weights stay in shared memory (the edges kernel's four 128 x 128
+# tiles: 128 KB, one program per SM). The output kernel takes 194 registers uncapped, so two programs
+# fit on an SM; capped at 168, three do: 4.59 ms against 5.59 at 2,472 tokens, 2.28 against 2.69 at
+# 1,704, the same values bit for bit (session 13, docs/benchmarks/forward-h200/session13/kernel_configs.py).
+# Launching four per SM then (a partial second wave) took 5.91 ms; capped at 128 (four fit), 6.59.
 EDGES_CONFIG = BlockConfig(64, 8, 3)
-OUTPUT_CONFIG = BlockConfig(32, 4, 1)
-# Persistent programs per SM: more than fit at once run in later waves (equal shares of the tiles).
-PROGRAMS_PER_SM = 4
+OUTPUT_CONFIG = BlockConfig(32, 4, 1, max_registers=168, programs_per_sm=3)
 
 
 @triton.jit
@@ -223,12 +226,12 @@ def _launch(kernel: triton.JITFunction, programs: int, config: BlockConfig, *arg
     kernel[(programs,)](*args, **constants, BLOCK_P=config.block_p, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def persistent_programs(device: torch.device, batch: int, tokens: int) -> int:
-    """Programs per launch: PROGRAMS_PER_SM per SM (their weights are loaded once each), at most one per
-    row of pairs; under the interpreter (CPU), which runs them one by one, a few."""
+def persistent_programs(device: torch.device, batch: int, tokens: int, config: BlockConfig) -> int:
+    """Programs per launch: config.programs_per_sm per SM (their weights are loaded once each), at most one
+    per row of pairs; under the interpreter (CPU), which runs them one by one, a few."""
     if device.type != "cuda":
         return min(4, batch * tokens)
-    return min(torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM, batch * tokens)
+    return min(torch.cuda.get_device_properties(device).multi_processor_count * config.programs_per_sm, batch * tokens)
 
 
 def fused_update(
@@ -254,7 +257,7 @@ def fused_update(
         x = x.contiguous()
     p_in, g_in, p_out, g_out = (w.to(compute_dtype).contiguous() for w in (p_in_weight, g_in_weight, p_out_weight, g_out_weight))
     flags = dot_flags(x.device, compute_dtype)
-    programs = persistent_programs(x.device, batch, tokens)
+    edges_config, output_config = config or EDGES_CONFIG, config or OUTPUT_CONFIG
 
     # The edges kernel reads x (and the mask) row by row for outgoing edges, column by column for incoming
     # ones (a column's pairs are 128-channel runs too), so a_t[c, i, k] = a[i, k] or a[k, i]: either way the
@@ -264,7 +267,7 @@ def fused_update(
     a_t = torch.empty((batch, dim, tokens, tokens), device=x.device, dtype=compute_dtype)
     b_t = torch.empty_like(a_t)
     _launch(
-        _gated_edges_kernel, programs, config or EDGES_CONFIG,
+        _gated_edges_kernel, persistent_programs(x.device, batch, tokens, edges_config), edges_config,
         edges_x, edges_mask, norm_in_weight, norm_in_bias, p_in, g_in, a_t, b_t, tokens, batch, *edges_x.stride()[:3],
         *edges_mask.stride(), eps, C=dim, ALIGN=_aligned(tokens), **flags,
     )  # fmt: skip
@@ -273,7 +276,7 @@ def fused_update(
 
     out = residual_out if residual_out is not None else torch.empty(x.shape, device=x.device, dtype=compute_dtype)
     _launch(
-        _gated_output_kernel, programs, config or OUTPUT_CONFIG,
+        _gated_output_kernel, persistent_programs(x.device, batch, tokens, output_config), output_config,
         product, x, out, norm_in_weight, norm_in_bias, norm_out_weight, norm_out_bias, p_out, g_out, tokens, batch,
         *x.stride()[:3], *out.stride()[:3], eps, C=dim, RESIDUAL=residual_out is not None, **flags,
     )  # fmt: skip

@@ -21,4 +21,33 @@ probe() {
     --section Occupancy --section SchedulerStats --section LaunchStats python3 $F13/ncu_probe.py 2472 > $OUT/ncu.txt 2>&1
   echo "ncu rc=$?"; grep -E "^  [_a-zA-Z]|Throughput|Busy|Issue|Stall|Achieved Occupancy|Registers|Theoretical Occ|Pipe" $OUT/ncu.txt | head -90 | cut -c1-160
 }
+# Lease 2: `stage` once per carried part (.carry-parts/part-00 .. 05, one per call, back to back: the machine
+# stays warm ~30 s between calls); then `tpa` with the last part (06), `tpb` and `tpc` right after. Each
+# packs what it wrote into $OUT/all.tar (a call brings back at most 8 files).
+GPU_TESTS13="tests/test_kernels_triton_triangle_multiplication.py tests/test_kernels_gpu.py tests/test_kernels_fastpath.py
+  tests/test_model_structure.py"
+pack() { tar cf /tmp/all.tar -C $OUT . && find $OUT -mindepth 1 -delete && mv /tmp/all.tar $OUT/all.tar; }
+# Install; the GPU tests of the changed kernels (the triangle multiplication's capped output kernel, the
+# transition's capped candidates) and the fast path; the transition's candidates timed; the 4-target
+# stratified sample with an empty kernel cache (fills it for tpb).
+tpa() {
+  stage > /dev/null
+  bash scripts/device/unpack.sh > $OUT/install.log 2>&1 || { tail -5 $OUT/install.log; exit 1; }
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS13 > $OUT/gpu_tests.log 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" $OUT/gpu_tests.log | tail -8
+  timeout 90 python3 $F13/transition_configs.py $OUT/transition 1704,2472 > $OUT/transition.log 2>&1
+  echo "transition rc=$?"; grep '^{' $OUT/transition.log | cut -c1-500; tail -2 $OUT/transition.log | cut -c1-300
+  TP_TIMEOUT=200 throughput run1_sample4_cold
+  pack
+}
+# On tpa's kernel cache: the 12-target stratified sample (418-2,684 residues, session 12's).
+tpb() {
+  TP_ARGS="${TP_ARGS/--sample 4/--sample 12}" TP_TIMEOUT=570 throughput run2_sample12
+  pack
+}
+# The 4-target sample on the warm cache (the sample session 7's OSS run measured).
+tpc() {
+  TP_TIMEOUT=200 throughput run3_sample4_warm
+  pack
+}
 "$@"
