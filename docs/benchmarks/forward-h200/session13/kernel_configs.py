@@ -9,6 +9,8 @@
 
 1 x N x N x 128 fp32 pair, 1 x 2,048 x N x 64 fp32 MSA, bf16, median ms of 7 after 2 warm-ups.
 Usage (device): python3 kernel_configs.py OUT_DIR 1704,2472
+Ran at e1b4ba5 (lease 1), whose transition took residual_out (reverted in 642c657): check that commit out
+to run it again.
 """
 
 import json

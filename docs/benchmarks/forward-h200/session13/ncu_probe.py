@@ -4,6 +4,8 @@ multiplication's output kernel and the in-place pair transition at N tokens, ins
 pipe use, warp stalls). Each runs once before the range (compilation, autotuning).
 
 Usage (device): ncu --profile-from-start off --clock-control none --section ... python3 ncu_probe.py 2472
+Ran at e1b4ba5 (lease 1), whose transition took residual_out (reverted in 642c657): check that commit out
+to run it again.
 """
 
 import sys
@@ -32,7 +34,7 @@ def main(tokens: int) -> None:
     norm = [1 + 0.2 * torch.randn(128, generator=g, device=device), 0.2 * torch.randn(128, generator=g, device=device)]
     p_out, g_out = ((torch.randn(128, 128, generator=g, device=device) * 128**-0.5).bfloat16() for _ in range(2))
     product = torch.randn((128, tokens, tokens), generator=g, device=device).bfloat16()
-    programs = trimul.persistent_programs(device, 1, tokens, trimul.OUTPUT_CONFIG)
+    programs = trimul.persistent_programs(device, 1, tokens)
     output_args = (product, x, x, *norm, *norm, p_out, g_out, tokens, 1, *x.stride()[:3], *x.stride()[:3], 1e-5)
     flags = {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
 
