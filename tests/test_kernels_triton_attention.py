@@ -23,7 +23,13 @@ import torch
 
 from foldmill.kernels import triton_support, triton_triangle_attention
 from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
-from kernel_testing import HAS_TRITON, patch_interpreter_for_numpy_2_4, relative_error, run_interpreted
+from kernel_testing import (
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    patch_interpreter_for_numpy_2_4,
+    relative_error,
+    run_interpreted,
+)
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
@@ -216,9 +222,6 @@ def test_gated_flash_kernel_matches_the_gated_reference_under_the_triton_interpr
         assert torch.isfinite(out).all(), name
         error = relative_error(out[:, valid[name]], expected[name][:, valid[name]])
         assert error <= (FP32_TOL if dtype == torch.float32 else BF16_TOL), (name, error)
-
-
-H100_SHARED_MEMORY_BYTES = 227 * 1024  # per block, opt-in maximum on sm_90
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

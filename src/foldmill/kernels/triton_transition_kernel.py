@@ -23,32 +23,22 @@ from foldmill.kernels.triton_support import dot_flags, padded_width
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Rows per program, hidden units per slice, warps, software-pipeline stages, and a cap on registers
-    per thread (None: the compiler's choice), which sets how many programs share an SM."""
+    """Rows per program, hidden units per slice, warps."""
 
     block_m: int
     block_h: int
     num_warps: int
     num_stages: int = 2
-    max_registers: int | None = None
 
 
 # sm_90 candidates, checked with ptxas for sm_90a (Triton 3.6): all at most 255 registers/thread and
 # under the 227 KB shared-memory limit. Pair track (width 128): wgmma tiles; 128 x 64 at 8 warps
 # reloads the 192 KB of weights (from L2) once per 128 rows and spills 20 bytes; 64-row tiles at
 # 4 warps spill nothing. Single track (384, padded to 512): the fp32 output tile is 4x wider, so
-# 16-32 rows per program (no spills). On the H200 the pair track's 64-row tiles take 255 registers, so
-# two programs share an SM, and the kernel waits on memory at 26% of its issue slots (Nsight Compute,
-# session 13); the capped candidates fit three (at 168 registers they spill a few, 72-108 local
-# accesses in the SASS). The autotuner keeps whichever runs fastest.
-NARROW_CONFIGS = (
-    BlockConfig(128, 64, 8),
-    BlockConfig(64, 64, 4),
-    BlockConfig(64, 32, 4),
-    BlockConfig(128, 32, 8),
-    BlockConfig(64, 64, 4, max_registers=168),
-    BlockConfig(64, 32, 4, max_registers=168),
-)
+# 16-32 rows per program (no spills). The pair track's 64-row tiles take 255 registers (two programs
+# per SM); capped at 168 (three) they ran no faster on the H200 (session 13, docs/benchmarks/
+# forward-h200/session13/transition_configs.py: 5.217 against 5.237 ms, 2.900 against 2.909).
+NARROW_CONFIGS = (BlockConfig(128, 64, 8), BlockConfig(64, 64, 4), BlockConfig(64, 32, 4), BlockConfig(128, 32, 8))
 WIDE_CONFIGS = (BlockConfig(32, 32, 4), BlockConfig(16, 32, 4), BlockConfig(16, 64, 4))
 NARROW_WIDTH = 128
 
@@ -124,13 +114,8 @@ def _transition_kernel(
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Keep the candidates meant for this width."""
-    wanted = {
-        (c.block_m, c.block_h, c.num_warps, c.num_stages, c.max_registers)
-        for c in candidates(kwargs["BLOCK_D"], kwargs["BLOCK_O"])
-    }
-    return [
-        c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_H"], c.num_warps, c.num_stages, c.maxnreg) in wanted
-    ]
+    wanted = {(c.block_m, c.block_h, c.num_warps) for c in candidates(kwargs["BLOCK_D"], kwargs["BLOCK_O"])}
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_H"], c.num_warps) in wanted]
 
 
 # Tuned once per process and (width, hidden, out width, dtypes), at the first call's row count (a
@@ -140,12 +125,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 # new process, say the next Slurm job's replica, reuses them instead of benchmarking again.
 _autotuned_kernel = triton.autotune(
     configs=[
-        triton.Config(
-            {"BLOCK_M": c.block_m, "BLOCK_H": c.block_h},
-            num_warps=c.num_warps,
-            num_stages=c.num_stages,
-            maxnreg=c.max_registers,
-        )
+        triton.Config({"BLOCK_M": c.block_m, "BLOCK_H": c.block_h}, num_warps=c.num_warps, num_stages=c.num_stages)
         for c in dict.fromkeys(NARROW_CONFIGS + WIDE_CONFIGS)
     ],
     key=["DIM", "HIDDEN", "OUT_DIM"],
@@ -205,6 +185,5 @@ def fused_transition(
             BLOCK_H=config.block_h,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
-            **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
         )
     return out.view(*x.shape[:-1], out_dim)
