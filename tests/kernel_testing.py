@@ -86,7 +86,9 @@ def sm90_compiled(
     )
 
 
-def sm90_shared_memory(kernel: Any, signature: dict[str, str], constants: dict[str, Any], num_warps: int, num_stages: int) -> int:
+def sm90_shared_memory(
+    kernel: Any, signature: dict[str, str], constants: dict[str, Any], num_warps: int, num_stages: int
+) -> int:
     """Compile a Triton kernel for sm_90 ahead of time (no GPU needed); its shared memory in bytes."""
     return sm90_compiled(kernel, signature, constants, num_warps, num_stages).metadata.shared
 

@@ -155,7 +155,8 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             constants = {"DIM": dim, "HIDDEN": 4 * dim, "OUT_DIM": dim, "BLOCK_D": triton.next_power_of_2(dim)}
             constants |= {"BLOCK_O": constants["BLOCK_D"], "BLOCK_M": config.block_m, "BLOCK_H": config.block_h}
             constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
-            shared = sm90_shared_memory(_transition_kernel, {**pointers, **scalars}, constants, config.num_warps, config.num_stages)
+            signature = {**pointers, **scalars}
+            shared = sm90_shared_memory(_transition_kernel, signature, constants, config.num_warps, config.num_stages)
             assert shared <= H100_SHARED_MEMORY_BYTES, (dim, config, shared)
 
 

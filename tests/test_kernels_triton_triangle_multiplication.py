@@ -175,8 +175,11 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory(tmp_path):
             (_gated_output_kernel, output_signature, {"RESIDUAL": True}),
         ):
             constants = {"C": 128, "BLOCK_P": config.block_p, **constants, **flags}
-            compiled = sm90_compiled(kernel, signature, constants, config.num_warps, config.num_stages, config.max_registers)
-            assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, compiled.metadata.shared)
+            compiled = sm90_compiled(
+                kernel, signature, constants, config.num_warps, config.num_stages, config.max_registers
+            )
+            shared = compiled.metadata.shared
+            assert shared <= H100_SHARED_MEMORY_BYTES, (kernel.__name__, config, shared)
             if config.max_registers is not None:
                 assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], (kernel.__name__, config)
             if kernel is _gated_output_kernel and config == OUTPUT_CONFIG:
