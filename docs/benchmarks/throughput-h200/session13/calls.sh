@@ -50,4 +50,13 @@ tpc() {
   TP_TIMEOUT=200 throughput run3_sample4_warm
   pack
 }
+# After tpc: the GPU tests of the files tpa did not run (the Slurm and workflow files need no GPU and
+# packages the machine lacks). Then `tpb` once more, for the spread of the 12-target measurement.
+gpu_rest() {
+  F=$(grep -l "pytest.mark.gpu\|mark.gpu\|_needs_triton\|needs a CUDA" tests/test_*.py | grep -v -e test_kernels_gpu.py \
+    -e test_kernels_triton_triangle_multiplication.py -e test_kernels_fastpath.py -e test_model_structure.py -e slurm \
+    -e snakemake -e workflow | tr '\n' ' ')
+  timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $F > $OUT/gpu_all.log 2>&1
+  echo "rc=$?"; grep -E "passed|failed|Error" $OUT/gpu_all.log | tail -15
+}
 "$@"
