@@ -171,7 +171,8 @@ def test_masks_fold_the_key_mask_that_rows_share():
     assert torch.equal(shared == MASK_LOGIT, ~tokens_valid) and (shared[tokens_valid] == 0).all()
     assert per_row.shape == (2, 6, 256) and (per_row[:, :, 40:] == MASK_LOGIT).all()
     *_, random_mask = model_inputs(1, 6, 40, 16, seed=3)
-    assert not _row_masks(random_mask, _shared_key_bias(random_mask, 1, 6, 40, torch.float32), 6, torch.float32)[1].any()
+    shared = _shared_key_bias(random_mask, 1, 6, 40, torch.float32)
+    assert not _row_masks(random_mask, shared, 6, torch.float32)[1].any()
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

@@ -106,7 +106,9 @@ register_op(
         tokens=lambda q, k, *args, **kwargs: k.shape[1],
         backends=(
             Backend("sdpa", sdpa.attention_with_pair_bias, _CPU_AND_CUDA, _FLOAT),
-            Backend("triton", triton_triangle_attention.attention_with_pair_bias, _CUDA, _HALF, triton_support.available),
+            Backend(
+                "triton", triton_triangle_attention.attention_with_pair_bias, _CUDA, _HALF, triton_support.available
+            ),
         ),
     ),
 )

@@ -163,7 +163,7 @@ def fused_layer_norm_heads(
     _layer_norm_heads_kernel[(triton.cdiv(rows, block_r),)](
         source, weight, bias, head_weight.to(out_dtype).contiguous(), heads if normed is None else normed, heads,
         rows, rows_i * cols_j, inner, outer_stride, inner_stride, eps,
-        WIDTH=width, HEADS=heads_count, BLOCK_H=HEAD_BLOCK, BLOCK_R=block_r, KEEP_NORMED=keep_normed, **dot_flags(x.device, out_dtype),
-        num_warps=4,
+        WIDTH=width, HEADS=heads_count, BLOCK_H=HEAD_BLOCK, BLOCK_R=block_r, KEEP_NORMED=keep_normed,
+        **dot_flags(x.device, out_dtype), num_warps=4,
     )  # fmt: skip
     return normed, heads

@@ -443,9 +443,10 @@ def flash_triangle_attention(
     from one key-contiguous copy with the rows' shared key mask folded in (in the compute dtype unless
     it already was key-contiguous); mask: (B or 1, I or 1, 1, 1, Jk), True (nonzero) = valid key.
     `prepared`: a dict the caller keeps across calls on one bias (row blocks of one pair), holding the
-    folded bias made at the first (see _prepared_bias). D must be a power of two >= 16. `config` pins the block sizes (else autotuned on CUDA;
-    CPU tensors run the interpreter with the first candidate); `group_queries` is the L2 grouping
-    (tests shrink it to exercise partial groups). fp32 compute runs exact fp32 dots ("ieee").
+    folded bias made at the first (see _prepared_bias). D must be a power of two >= 16. `config` pins the
+    block sizes (else autotuned on CUDA; CPU tensors run the interpreter with the first candidate);
+    `group_queries` is the L2 grouping (tests shrink it to exercise partial groups). fp32 compute runs
+    exact fp32 dots ("ieee").
     """
     batch, rows, heads, queries, head_dim = q.shape
     keys = k.shape[-2]

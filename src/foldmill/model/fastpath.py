@@ -177,7 +177,9 @@ class ComputeDtypeLayerNorm(nn.LayerNorm):
     def with_heads(self, x: Tensor, head_weight: Tensor, keep_normed: bool = True) -> tuple[Tensor | None, Tensor]:
         """This norm of x and its projection by head_weight heads first, in one op (see normed_and_heads)."""
         weight, bias = self._parameters_for(x)
-        return kernels.dispatch("layer_norm_heads", layer_norm_heads, x, weight, bias, self.eps, head_weight, keep_normed)
+        return kernels.dispatch(
+            "layer_norm_heads", layer_norm_heads, x, weight, bias, self.eps, head_weight, keep_normed
+        )
 
 
 def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: DiffusionModule | None = None) -> Boltz2:
