@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from foldmill.bench._synthetic import AMINO_ACID_FREQUENCIES, AMINO_ACIDS, random_protein
 from foldmill.bench.throughput import (
     check_boltz_cache, earlier_foldmill_row, idle_between_targets, oss_command, oss_timeline, sample_targets,
     synthetic_worklist, timeline, write_inputs, write_report,
@@ -39,6 +40,15 @@ def test_fixed_worklist_is_seeded_two_chain_and_in_range() -> None:
     assert set(t.target_id for t in sample_targets(first, 3, seed=7, max_length=1000)) <= set(t.target_id for t in capped)
     with pytest.raises(FoldmillError, match="at most 150 residues"):
         sample_targets(first, 3, seed=7, max_length=150)
+
+
+def test_random_proteins_are_the_letters_numpy_choice_draws_from_the_same_stream() -> None:
+    """The fixed worklist of the throughput sessions stays the same worklist: same letters, same stream after."""
+    fast, reference = np.random.default_rng(11), np.random.default_rng(11)
+    for length in (1, 7, 2800):
+        expected = "".join(reference.choice(AMINO_ACIDS, size=length, p=AMINO_ACID_FREQUENCIES))
+        assert random_protein(length, fast) == expected
+    assert fast.random() == reference.random()
 
 
 def test_stratified_sample_takes_one_target_per_length_stratum() -> None:

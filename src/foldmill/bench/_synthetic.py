@@ -10,6 +10,14 @@ AMINO_ACID_FREQUENCIES = np.array(
     [8.25, 1.38, 5.46, 6.72, 3.86, 7.07, 2.27, 5.91, 5.80, 9.64, 2.41, 4.06, 4.74, 3.93, 5.53, 6.65, 5.36, 6.86, 1.10, 2.92]
 )
 AMINO_ACID_FREQUENCIES = AMINO_ACID_FREQUENCIES / AMINO_ACID_FREQUENCIES.sum()
+_LETTERS = np.frombuffer("".join(AMINO_ACIDS).encode("ascii"), dtype=np.uint8)
+_CUMULATIVE = AMINO_ACID_FREQUENCIES.cumsum() / AMINO_ACID_FREQUENCIES.cumsum()[-1]
+
+
+def random_protein(length: int, rng: np.random.Generator) -> str:
+    """A sequence of Swiss-Prot composition: the draw of `rng.choice(AMINO_ACIDS, length, p=...)`, the same
+    letters from the same random stream, without its per-letter strings (20,000 targets in 0.2 s, not 5 s)."""
+    return _LETTERS[_CUMULATIVE.searchsorted(rng.random(length), side="right")].tobytes().decode("ascii")
 
 
 def synthetic_msa(query: str, depth: int, rng: np.random.Generator) -> str:

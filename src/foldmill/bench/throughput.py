@@ -69,7 +69,7 @@ from foldmill.io.targets import Entity, Target
 from foldmill.io.worklist import build_worklist, summarize
 from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.demo import demo_model
-from foldmill.bench._synthetic import AMINO_ACID_FREQUENCIES, AMINO_ACIDS, synthetic_msa
+from foldmill.bench._synthetic import AMINO_ACIDS, random_protein, synthetic_msa
 from foldmill.runtime.sharding import plan_shards
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def synthetic_worklist(count: int, seed: int, min_length: int, max_length: int) 
     for index in range(count):
         total = int(rng.integers(min_length, max_length + 1))
         first = int(np.clip(round(total * rng.uniform(0.25, 0.75)), 1, total - 1))
-        chains = tuple("".join(rng.choice(AMINO_ACIDS, size=n, p=AMINO_ACID_FREQUENCIES)) for n in (first, total - first))
+        chains = tuple(random_protein(n, rng) for n in (first, total - first))
         targets.append(SyntheticTarget(f"dimer_{index:05d}", chains))
     return targets
 
@@ -461,7 +461,7 @@ def plan_only(targets: list[SyntheticTarget], out: Path, seed: int) -> dict[str,
     return {
         "targets": len(targets), "shards": len(shards), "plan_s": planned - started, "queue_s": finished - queued,
         "total_s": finished - started, "targets_per_s": len(targets) / (finished - queued),
-        "peak_featurized": scheduler.peak_featurized, "queue_bound": settings.queue_depth,
+        "peak_featurized": scheduler.peak_featurized, "queue_bound": scheduler.featurized_bound,
         "driver_rss_start_mb": memory[0], "driver_rss_peak_mb": max(memory), "driver_rss_end_mb": memory[-1],
     }  # fmt: skip
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from foldmill.executor.records import TargetRecord
-from foldmill.outputs.writer import DONE_MARKER, record_name, target_dir
+from foldmill.outputs.writer import DONE_MARKER, predictions_dir, record_name, target_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,15 @@ def finished_with(outdir: Path, item: WorkItem, provenance: dict[str, Any]) -> b
     return all(earlier.get(key) == value for key, value in provenance.items())
 
 
+def _written_targets(outdir: Path) -> set[str]:
+    """Ids of the target directories with a done marker: one directory listing, not a lookup per target."""
+    try:
+        entries = list(os.scandir(predictions_dir(outdir)))
+    except FileNotFoundError:
+        return set()
+    return {entry.name for entry in entries if entry.is_dir() and os.path.exists(os.path.join(entry.path, DONE_MARKER))}
+
+
 def plan_run(items: Iterable[WorkItem], outdir: Path, provenance: dict[str, Any]) -> Plan:
     """Split `items` into finished and todo (longest first; equal sizes keep input order).
 
@@ -58,11 +68,12 @@ def plan_run(items: Iterable[WorkItem], outdir: Path, provenance: dict[str, Any]
     """
     plan = Plan(todo=[])
     stale = 0
+    written = _written_targets(outdir)
     for item in items:
-        if finished_with(outdir, item, {**provenance, "content_hash": item.content_hash}):
+        if item.target_id in written and finished_with(outdir, item, {**provenance, "content_hash": item.content_hash}):
             plan.finished.append(item)
         else:
-            stale += (target_dir(outdir, item.target_id) / DONE_MARKER).exists()
+            stale += item.target_id in written
             plan.todo.append(item)
     plan.todo.sort(key=lambda item: -item.n_tokens)
     if stale:

@@ -1,10 +1,10 @@
 """The driver loop: move targets through featurize -> fold -> write with bounded queues.
 
 Every target is a chain of three actor calls. Featurized targets and predictions stay in Ray's
-object store; the driver holds only references, and at most `queue_depth` featurized targets per
-replica exist at any time, so memory stays flat however long the worklist is. Each replica
-gets two targets at a time (one folding, one already transferred), so it never waits on the
-driver between targets.
+object store; the driver holds only references. Each replica holds two targets at a time (one
+folding, one already transferred), so it never waits on the driver between targets, and at most
+`queue_depth` more per replica are featurized or being featurized: memory stays flat however long
+the worklist is (`featurized_bound` targets at most).
 
 Replicas join as they come up: the run starts while they load their models (featurizing the first
 targets meanwhile), and each replica reports its token budget when it is ready. A replica takes
@@ -151,8 +151,7 @@ class Scheduler:
             for ref in ready:
                 if ref in self.probes:
                     self._probed(self.probes.pop(ref))
-                elif ref in self.tickets:  # dropped when its actor's crash was handled
-                    self._complete(self.tickets.pop(ref))
+            self._complete([self.tickets[ref] for ref in ready if ref in self.tickets])
             self.on_tick()
 
     def _check_pools(self) -> None:
@@ -189,7 +188,7 @@ class Scheduler:
             slot, waiting = pick
             self.featurized.remove(waiting)
             self._submit("fold", waiting.item, slot, waiting.ref, waiting.outcomes)
-        while self.pending and self._featurized_held() < depth and (slot := self._free("featurize")):
+        while self.pending and self._featurized_ready() < depth and (slot := self._free("featurize")):
             item = self.pending.popleft()
             self._submit("featurize", item, slot, item, {})
         self.peak_featurized = max(self.peak_featurized, self._featurized_held())
@@ -227,10 +226,18 @@ class Scheduler:
             for record in over_budget([waiting.item], int(budget))[1]:
                 self.on_record(record)
 
+    @property
+    def featurized_bound(self) -> int:
+        """The most featurized targets alive at once: `queue_depth` ready and PER_WORKER on each replica."""
+        return (self.queue_depth + PER_WORKER) * len(self.pools.replicas)
+
+    def _featurized_ready(self) -> int:
+        """Featurized targets waiting for a replica, or being made."""
+        return len(self.featurized) + sum(ticket.stage == "featurize" for ticket in self.tickets.values())
+
     def _featurized_held(self) -> int:
         """Featurized targets alive: waiting, being made, or sitting on a replica."""
-        busy = sum(ticket.stage in ("featurize", "fold") for ticket in self.tickets.values())
-        return len(self.featurized) + busy
+        return self._featurized_ready() + sum(ticket.stage == "fold" for ticket in self.tickets.values())
 
     def _free(self, stage: str) -> Slot | None:
         free = [slot for slot in self.pools.of(stage) if slot.free]
@@ -243,12 +250,35 @@ class Scheduler:
         self.tickets[ticket.outcome_ref] = ticket
 
     # -- completion -------------------------------------------------------------------------
-    def _complete(self, ticket: Ticket) -> None:
+    def _complete(self, tickets: list[Ticket]) -> None:
+        """Settle finished calls: their outcomes (and writers' prediction directories) in one `ray.get`.
+        When an actor died under one of them, each is settled on its own so the others keep theirs."""
+        writes = [ticket for ticket in tickets if ticket.stage == "write"]
+        try:
+            values = ray.get([ticket.outcome_ref for ticket in tickets] + [ticket.result_ref for ticket in writes])
+        except RayActorError:
+            for ticket in tickets:
+                self._settle_alone(ticket)
+            return
+        outcomes, prediction_dirs = values[: len(tickets)], values[len(tickets) :]
+        written = dict(zip(map(id, writes), prediction_dirs, strict=True))
+        for ticket, outcome in zip(tickets, outcomes, strict=True):
+            if self.tickets.pop(ticket.outcome_ref, None) is not None:  # not dropped by a crash or retirement before
+                self._settle(ticket, outcome, written.get(id(ticket)))
+
+    def _settle_alone(self, ticket: Ticket) -> None:
+        if self.tickets.pop(ticket.outcome_ref, None) is None:  # dropped when its actor's crash was handled
+            return
         try:
             outcome: Outcome = ray.get(ticket.outcome_ref)
+            prediction_dir = ray.get(ticket.result_ref) if ticket.stage == "write" else None
         except RayActorError as error:
             self._actor_crashed(ticket.slot, error)
             return
+        self._settle(ticket, outcome, prediction_dir)
+
+    def _settle(self, ticket: Ticket, outcome: Outcome, prediction_dir: Any) -> None:
+        """Move a target on after one of its stages finished: to the next stage, or to its record."""
         ticket.slot.inflight.remove(ticket)
         outcomes = {**ticket.outcomes, ticket.stage: outcome}
         if ticket.stage == "fold":
@@ -266,7 +296,7 @@ class Scheduler:
         elif ticket.stage == "fold":
             self.folded.append(Waiting(ticket.item, ticket.result_ref, outcomes))
         else:
-            self._record(ticket.item, "ok", "", outcomes, prediction_dir=str(ray.get(ticket.result_ref)))
+            self._record(ticket.item, "ok", "", outcomes, prediction_dir=str(prediction_dir))
 
     def _record(self, item: WorkItem, status: str, reason: str, outcomes: dict[str, Outcome], prediction_dir: str = "") -> None:
         fold = outcomes.get("fold", Outcome("ok"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,7 @@ class Target:
         return [cid for entity in self.entities for cid in entity.chain_ids]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _plain(self)
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace; equal targets give equal strings."""
@@ -166,6 +166,18 @@ class Target:
             template["path"] = _file_digest(template["path"])
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON data: dataclasses as dicts, tuples as lists. `dataclasses.asdict` without its
+    deep copies, which made it most of the cost of planning a long worklist."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def _file_digest(path: str) -> str:
