@@ -12,7 +12,7 @@ tpa() {
   nproc
   local started=$(date +%s.%N)
   timeout 150 python3 -m foldmill bench throughput --plan-only --targets 20000 -o $OUT/plan_only > $OUT/plan_only.log 2>&1
-  echo "plan-only rc=$? wall $(echo "$(date +%s.%N) - $started" | bc) s"; tail -11 $OUT/plan_only.log
+  echo "plan-only rc=$? wall $(python3 -c "import time; print(round(time.time() - $started, 1))") s"; tail -11 $OUT/plan_only.log
   TP_TIMEOUT=200 throughput run1_sample4_cold
   pack
 }
