@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ def sm90_compiled(
     num_warps: int,
     num_stages: int,
     max_registers: int | None = None,
+    divisible_by_16: Iterable[str] = (),
 ) -> Any:
-    """A Triton kernel compiled for sm_90 ahead of time (no GPU needed)."""
+    """A Triton kernel compiled for sm_90 ahead of time (no GPU needed); `divisible_by_16` names the
+    arguments (pointers, strides) specialised as 16-divisible, as Triton does at run time."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -79,8 +82,9 @@ def sm90_compiled(
     options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
     if max_registers is not None:
         options["maxnreg"] = max_registers
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
     return triton.compile(
-        ASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants),
+        ASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants, attrs),
         target=GPUTarget("cuda", 90, 32),
         options=options,
     )

@@ -29,6 +29,7 @@ from kernel_testing import (
     patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    sm90_compiled,
 )
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -230,30 +231,21 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as at run time for the model's
     layout (16-divisible pointers and strides, 8-aligned key counts): each autotuning candidate must
     build and fit in shared memory, else it could never launch on an H100/H200."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from foldmill.kernels.triton_triangle_attention_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
 
     names = _attention_kernel.arg_names
     pointers = {name: "*bf16" for name in names if name.endswith("_ptr")}
     scalars = {name: "i32" for name in names if name not in pointers and not name.isupper()} | {"scale": "fp32"}
     divisible = [name for name in names if name in pointers or "stride" in name]
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     for head_dim, configs, gated in ((32, NARROW_CONFIGS, False), (32, NARROW_CONFIGS, True), (64, WIDE_CONFIGS, False)):
         for config in configs:
             constants = {"HEADS": HEADS, "HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
             constants |= {"GROUP_QUERIES": 1024, "ALIGN": 8, "GATED": gated, "DOT_PRECISION": "tf32"}
             constants |= {"EMULATE_BF16": False}
-            signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
-            compiled = triton.compile(
-                ASTSource(_attention_kernel, signature, constants, attrs),
-                target=GPUTarget("cuda", 90, 32),
-                options={
-                    "num_warps": config.num_warps, "num_stages": config.num_stages, "maxnreg": config.max_registers
-                },
-            )
+            compiled = sm90_compiled(
+                _attention_kernel, {**pointers, **scalars}, constants, config.num_warps, config.num_stages,
+                config.max_registers, divisible,
+            )  # fmt: skip
             assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES, (head_dim, gated, config, compiled.metadata.shared)
             if config.max_registers is not None:  # the cap reached ptxas
                 assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], config

@@ -15,7 +15,14 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels import triton_layer_norm
 from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
-from kernel_testing import HAS_TRITON, local_memory_instructions, relative_error, run_interpreted
+from kernel_testing import (
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    local_memory_instructions,
+    relative_error,
+    run_interpreted,
+    sm90_compiled,
+)
 
 
 
@@ -163,10 +170,6 @@ def test_norm_with_heads_matches_the_fp32_reference_under_the_triton_interpreter
 def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as the trunk calls it (bf16 out,
     16-divisible pointers and strides): it must build, without spilling registers."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
 
     names = _layer_norm_heads_kernel.arg_names
@@ -176,13 +179,9 @@ def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     constants = {"WIDTH": 128, "HEADS": 4, "BLOCK_H": HEAD_BLOCK, "BLOCK_R": 32, "KEEP_NORMED": keep_normed}
     constants |= {"DOT_PRECISION": "tf32", "EMULATE_BF16": False}
     divisible = [name for name in names if name in pointers or "stride" in name]
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in divisible}
-    signature = {**pointers, **scalars, **dict.fromkeys(constants, "constexpr")}
-    compiled = triton.compile(
-        ASTSource(_layer_norm_heads_kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": 4},
-    )  # fmt: skip
-    assert compiled.metadata.shared <= 227 * 1024  # an H100/H200 block's opt-in maximum
+    signature = {**pointers, **scalars}
+    compiled = sm90_compiled(_layer_norm_heads_kernel, signature, constants, 4, 3, divisible_by_16=divisible)
+    assert compiled.metadata.shared <= H100_SHARED_MEMORY_BYTES
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
 
 
