@@ -260,11 +260,11 @@ class Scheduler:
             for ticket in tickets:
                 self._settle_alone(ticket)
             return
-        outcomes, prediction_dirs = values[: len(tickets)], values[len(tickets) :]
-        written = dict(zip(map(id, writes), prediction_dirs, strict=True))
-        for ticket, outcome in zip(tickets, outcomes, strict=True):
+        prediction_dirs = iter(values[len(tickets) :])  # the writes' own, in the order of `tickets`
+        for ticket, outcome in zip(tickets, values, strict=False):
+            prediction_dir = next(prediction_dirs) if ticket.stage == "write" else None
             if self.tickets.pop(ticket.outcome_ref, None) is not None:  # not dropped by a crash or retirement before
-                self._settle(ticket, outcome, written.get(id(ticket)))
+                self._settle(ticket, outcome, prediction_dir)
 
     def _settle_alone(self, ticket: Ticket) -> None:
         if self.tickets.pop(ticket.outcome_ref, None) is None:  # dropped when its actor's crash was handled
