@@ -65,6 +65,13 @@ def test_plan_skips_only_targets_finished_with_the_same_inputs_and_settings(tmp_
     assert sorted(i.target_id for i in plan.todo) == ["edited", "half", "new", "other_recipe"]
 
 
+def test_plan_without_a_predictions_directory_folds_everything(tmp_path: Path) -> None:
+    assert [i.target_id for i in plan_run([item("a", 10)], tmp_path / "absent", PROVENANCE).todo] == ["a"]
+    (tmp_path / "predictions").write_text("not a directory")
+    plan = plan_run([item("a", 10), item("b", 20)], tmp_path, PROVENANCE)
+    assert [i.target_id for i in plan.todo] == ["b", "a"] and not plan.finished
+
+
 def test_token_budget_rejects_with_a_clear_reason() -> None:
     fit, rejected = over_budget([item("small", 100), item("huge", 5000)], 2048)
     assert [i.target_id for i in fit] == ["small"]

@@ -55,7 +55,7 @@ def _written_targets(outdir: Path) -> set[str]:
     """Ids of the target directories with a done marker: one directory listing, not a lookup per target."""
     try:
         entries = list(os.scandir(predictions_dir(outdir)))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no predictions directory: nothing finished
         return set()
     return {entry.name for entry in entries if entry.is_dir() and os.path.exists(os.path.join(entry.path, DONE_MARKER))}
 
