@@ -1,4 +1,4 @@
-"""foldmill's featurizer against OSS Boltz-2's (boltz-community 2.13) on the issue's cases.
+"""foldmill's featurizer against OSS Boltz-2's (boltz-community 2.13) on the oracle cases.
 
 Every tensor OSS feeds its model must be equal, bit for bit, for the same input and seed, with
 three documented exceptions:
