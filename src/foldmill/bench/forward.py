@@ -541,8 +541,8 @@ def _measure_contender(
                 compile_like_oss(oss)
                 models.compiled = True
             # Every input compiles afresh, as `boltz predict` on it in a new process would: the shapes of
-            # earlier inputs otherwise use up dynamo's recompile limit (at 1,700 tokens, after 1,000, the
-            # compiled modules fell back to eager: 95.2 s against eager's 95.3, H200).
+            # earlier inputs otherwise use up dynamo's recompile limit and the compiled modules fall back
+            # to eager.
             torch._dynamo.reset()
 
         def call(warm: bool) -> Any:
