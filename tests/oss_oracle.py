@@ -11,7 +11,7 @@
   foldmill Boltz2Config, its weights replaced by foldmill's seeded `randomize_weights`
   (training initialisation zeroes many output layers, which would hide differences).
 - write_case(name, directory, data_dir): small Boltz YAML inputs (with their MSA files) for
-  the issue's oracle cases, ORACLE_CASES.
+  the oracle cases, ORACLE_CASES.
 Fixtures (import them into a test module to use them):
 - oracle_features: session-wide; oracle_features(case) -> a fresh copy of the OSS features of
   one of ORACLE_CASES (built on first use, one shared mols directory).

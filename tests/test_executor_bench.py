@@ -43,7 +43,7 @@ def test_fixed_worklist_is_seeded_two_chain_and_in_range() -> None:
 
 
 def test_random_proteins_are_the_letters_numpy_choice_draws_from_the_same_stream() -> None:
-    """The fixed worklist of the throughput sessions stays the same worklist: same letters, same stream after."""
+    """The benchmark's fixed worklist stays the same worklist: same letters, same stream after."""
     fast, reference = np.random.default_rng(11), np.random.default_rng(11)
     for length in (1, 7, 2800):
         expected = "".join(reference.choice(AMINO_ACIDS, size=length, p=AMINO_ACID_FREQUENCIES))

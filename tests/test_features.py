@@ -25,7 +25,7 @@ from foldmill.msa.types import MSA
 from foldmill.templates.align import align_template
 from foldmill.templates.structure import read_template
 
-NOTES = Path("/work/shared/notes")
+OSS_SPECS = Path(__file__).parent / "data" / "oss_feature_specs"  # names, shapes, dtypes of OSS model inputs
 TRP_CAGE = "NLYIQWLKDGGPSSGRPPPS"
 TYROSINE = "N[C@@H](Cc1ccc(O)cc1)C(=O)O"
 
@@ -58,9 +58,7 @@ def complex_target(data_dir) -> FeaturizedTarget:
 
 
 def spec(name: str) -> dict:
-    path = NOTES / f"boltz2_feature_spec_{name}.json"
-    if not path.exists():
-        pytest.skip(f"{path} not available")
+    path = OSS_SPECS / f"boltz2_feature_spec_{name}.json"
     return {k: v for k, v in json.loads(path.read_text()).items() if k != "record"}
 
 

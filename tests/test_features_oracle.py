@@ -1,4 +1,4 @@
-"""foldmill's featurizer against OSS Boltz-2's (boltz-community 2.13) on the issue's cases.
+"""foldmill's featurizer against OSS Boltz-2's (boltz-community 2.13) on the oracle cases.
 
 Every tensor OSS feeds its model must be equal, bit for bit, for the same input and seed, with
 three documented exceptions:
@@ -6,7 +6,7 @@ three documented exceptions:
   (and differ from OSS as shipped, shown by test_oss_loses_deletions_we_keep_them);
 - template_frame_rot: the template engineer's frames are computed in float64, OSS's in float32
   (differences are rounding, <= 1e-6);
-- query_to_template: ours carries the template residue numbers, OSS leaves zeros; the model
+- query_to_template: ours holds the template residue numbers, OSS leaves zeros; the model
   does not read it.
 Both sides use the same CCD chemistry (a Boltz `mols` directory built from biotite's CCD);
 test_default_chemistry_matches_mols_directory shows foldmill's default (biotite, no mols) gives

@@ -52,7 +52,7 @@ def assert_no_visible_partial_output(outdir: Path) -> None:
 
 
 def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: Path) -> None:
-    """Issue 4's acceptance: `foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
+    """`foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
     args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]

@@ -4,7 +4,7 @@
   Boltz2Config with Boltz-2's released flags (v2 pairformer, templates v2, bond types, B-factor,
   cyclic positions, symmetric-chain fix).
 - `oss_boltz2(config, seed, device)`: that OSS model with foldmill's seeded random weights
-  (`randomize_weights`; every layer carries signal, unlike a training initialisation), in eval
+  (`randomize_weights`; every layer passes signal on, unlike a training initialisation), in eval
   mode, its cuEquivariance kernels on when `use_kernels` (as `boltz predict` runs on a GPU).
 - `compile_like_oss(model)`: what OSS's compile_* flags do (torch.compile of the template, MSA,
   pairformer and score modules, dynamic=False); note OSS's forward bypasses the first three at

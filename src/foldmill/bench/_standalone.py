@@ -2,7 +2,7 @@
 
     python -m foldmill.bench.forward --inputs 150 ...   # same arguments as `foldmill bench forward`
 
-For bare GPU nodes that carry only what the benchmark needs.
+For bare GPU nodes that hold only what the benchmark needs.
 """
 
 from __future__ import annotations

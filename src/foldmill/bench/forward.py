@@ -57,7 +57,7 @@ from foldmill.model import Boltz2, Boltz2Config, InferenceRecipe
 from foldmill.model.diffusion import weighted_rigid_align
 from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
-# The protocol: >= 9 inputs from ~30 to ~1,700 tokens, monomers and dimers.
+# The default protocol: >= 9 inputs from ~30 to ~1,700 tokens, monomers and dimers.
 DEFAULT_INPUTS = "32,2x48@256,150,2x150@256,300,2x300@256,600,1000,2x600@256,1700"
 CONTENDERS = ("oss-eager", "oss-compile", "foldmill", "foldmill-bf16z", "foldmill-eager", "foldmill-nokernels")
 FOLDMILL_OPTIONS = {
@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--time-budget", type=float, default=0.0, help="seconds; later measurements are skipped (0 = none)"
     )
-    parser.add_argument("--out", default="bench-forward")
+    parser.add_argument("--out", default="results/bench/forward", help="output directory")
     parser.set_defaults(handler=run)
 
 
@@ -541,8 +541,8 @@ def _measure_contender(
                 compile_like_oss(oss)
                 models.compiled = True
             # Every input compiles afresh, as `boltz predict` on it in a new process would: the shapes of
-            # earlier inputs otherwise use up dynamo's recompile limit (at 1,700 tokens, after 1,000, the
-            # compiled modules fell back to eager: 95.2 s against eager's 95.3, H200).
+            # earlier inputs otherwise use up dynamo's recompile limit and the compiled modules fall back
+            # to eager.
             torch._dynamo.reset()
 
         def call(warm: bool) -> Any:

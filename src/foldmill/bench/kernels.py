@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--sizes", default="128,256,384,512,768,1024", help="token counts")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", default="bench-kernels")
+    parser.add_argument("--out", default="results/bench/kernels", help="output directory")
     parser.set_defaults(handler=run)
 
 

@@ -29,7 +29,7 @@ from foldmill.runtime.timing import cuda_median_ms
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("moe", help="MoE experts and training step vs Hugging Face Mixtral (GPU)")
-    parser.add_argument("--out", default="bench-moe", help="directory for moe_bench.json and moe_bench.md")
+    parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
     parser.add_argument("--sections", default="gemm,layer,step", help="comma-separated: gemm, layer, step")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per layer call / per training step")

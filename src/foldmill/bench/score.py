@@ -4,7 +4,7 @@ restructured one (foldmill.model.fast_score), on the GPU.
 Per input (synthetic proteins, foldmill.bench._inputs; random trunk outputs and released-architecture
 random weights: timings do not depend on the values), with `--samples` samples in one batch:
 - milliseconds per score-model call, median of `--repeats`, eager and replayed from a CUDA graph, for
-  the module (bf16 copy of DiffusionModule with the routed kernels: the previous fast path) and the
+  the module (bf16 copy of DiffusionModule with the routed kernels, no restructuring) and the
   restructured model;
 - the restructured model's relative error against the reference (both bf16) and against fp32;
 - milliseconds per whole sampling step (FastBoltz2.sample, graphed steps), from the difference of
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="write the restructured call's kernel table per input")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench-score")
+    parser.add_argument("--out", default="results/bench/score", help="output directory")
     parser.set_defaults(handler=run)
 
 
@@ -75,8 +75,8 @@ def _trunk_like(model: Boltz2, feats: dict[str, torch.Tensor], generator: torch.
 
 
 def measure_input(runners: dict[str, FastBoltz2], feats: dict, args: argparse.Namespace, name: str, out: Path) -> dict:
-    """One input's row; runners: "fast" (default options), "module" (kernels off: the bf16 module, the
-    previous fast path) and "fp32"."""
+    """One input's row; runners: "fast" (default options), "module" (kernels off: the bf16 module, not
+    restructured) and "fp32"."""
     fast, module, fp32 = runners["fast"], runners["module"], runners["fp32"]
     samples, device = args.samples, feats["token_pad_mask"].device
     generator = torch.Generator(device=device).manual_seed(args.seed)

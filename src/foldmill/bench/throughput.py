@@ -22,7 +22,7 @@ was written. foldmill runs first; OSS gets what is left of --time-budget (when s
 it, is measured up to its last written target. throughput.tsv is rewritten (atomically) as each
 side finishes, so a run killed from outside still leaves the rows finished so far. `--side foldmill`
 then `--side oss` (same arguments and --out) split the comparison over two invocations, say two
-device calls of limited length: the second adds its row (and the ratio) beside the first's.
+jobs of limited length: the second adds its row (and the ratio) beside the first's.
 
 --batching measures cross-target batching before the executor uses it: for each length in
 --batch-lengths, --batch-size targets folded one after another vs stacked into one forward of the
@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-o", "--out", type=Path, default=Path("bench-throughput"), help="output directory")
+    parser.add_argument("-o", "--out", type=Path, default=Path("results/bench/throughput"), help="output directory")
     parser.add_argument("--targets", type=int, default=1000, help="size of the fixed worklist")
     parser.add_argument("--sample", type=int, default=0, help="targets of the worklist both sides fold (0 = all)")
     parser.add_argument("--sample-max-length", type=int, default=0,
@@ -525,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
                 frame.to_csv(tmp, sep="\t", index=False, float_format="%.3f")
             rows.append(foldmill_row(result, wall, frame, len(sample)))
             summary = result.summary
-        except Exception:  # noqa: BLE001 - the OSS side is still worth measuring in the same (scarce) GPU session
+        except Exception:  # noqa: BLE001 - the OSS side is still worth measuring in the same run
             log.exception("the foldmill side failed")
     else:
         rows, summary = earlier_foldmill_row(out), "the foldmill side ran in an earlier invocation (--side foldmill)"

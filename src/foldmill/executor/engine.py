@@ -61,7 +61,7 @@ def use_kernel_cache(directory: Path | None) -> None:
     before anything compiles, unless TRITON_CACHE_DIR is set already (the environment decides).
 
     Why: a replica on a node with a cold cache spends ~36 s compiling at its first target (H200,
-    session 8: 54.5 s against 8.5 s later, ~7-10 s of which remain with a warm cache); with a
+    54.5 s against 8.5 s for the next, ~7-10 s of which remain with a warm cache); with a
     directory shared by a run's jobs, only the first one does. Triton writes its
     cache entries atomically, so concurrent replicas can share one. The cache only saves time, so a
     directory that cannot be created is a warning (Triton's default cache is used), not a failed run.

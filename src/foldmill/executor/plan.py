@@ -83,7 +83,7 @@ def plan_run(items: Iterable[WorkItem], outdir: Path, provenance: dict[str, Any]
 
 # Per replica, the smallest targets that go first: a small target featurizes in about a second, a
 # 2,500-residue one in ~7 s (depth-2,048 MSAs), and a replica ready before the first large target's
-# features would wait for them (~7 s of an H200's start in session 12). Two small folds cover that.
+# features would wait for them (~7 s of an H200's start). Two small folds cover that.
 LEAD_TARGETS_PER_REPLICA = 2
 
 

@@ -1,0 +1,28 @@
+"""Benchmarks write their raw outputs to --out, whose default stays out of the repository's history."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHES = ("forward", "throughput", "score", "kernels", "moe")
+
+
+def default_out(name: str) -> Path:
+    module = importlib.import_module(f"foldmill.bench.{name}")
+    parser = argparse.ArgumentParser()
+    module.register(parser.add_subparsers(dest="bench"))
+    return Path(parser.parse_args([name]).out)
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_default_out_is_a_git_ignored_folder_of_the_checkout(name: str) -> None:
+    out = default_out(name)
+    assert not out.is_absolute(), out
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(out / "forward_bench.json")], cwd=REPO, check=False)
+    assert ignored.returncode == 0, f"foldmill bench {name} writes to {out}, which git would track"
