@@ -45,7 +45,7 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class ExecutorSettings:
-    address: str | None = None  # Ray cluster to join; None = RAY_ADDRESS, else a local instance
+    address: str = ""  # Ray cluster to join; "" = RAY_ADDRESS, else a local instance
     cpus: int = 0  # CPUs of a local Ray instance (0 = every core this process may use)
     gpus: int = 0  # GPUs of a local Ray instance (0 = every visible GPU)
     cpu_replicas: int = 1  # model replicas when device is cpu
