@@ -137,9 +137,10 @@ def test_command_line_values_take_the_schema_types(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "200 sampling steps" not in done.stderr and "20 sampling steps" in done.stderr
     assert "export_archive" in done.stdout
-    resolved = resolve_config({"inputs": ["a.fasta"], "model": {"checkpoint": "demo", "recipe": {"seed": "7"}},
-                               "msa": {"threads": "1", "evalue": "1e-3", "diversity_filter": "false"},
-                               "outputs": {"top_k": "null"}, "filters": {"monomer": {"min_plddt": "null"}}})  # fmt: skip
+    given = {"inputs": ["a.fasta"], "model": {"checkpoint": "demo", "recipe": {"seed": "7"}},
+             "msa": {"threads": "1", "evalue": "1e-3", "diversity_filter": "false"},
+             "outputs": {"top_k": "null"}, "filters": {"monomer": {"min_plddt": "null"}}}  # fmt: skip
+    resolved = resolve_config(given)
     assert resolved["model"]["recipe"]["seed"] == 7 and resolved["msa"]["threads"] == 1
     assert resolved["msa"]["evalue"] == 0.001 and resolved["msa"]["diversity_filter"] is False
     assert resolved["outputs"]["top_k"] is None and resolved["filters"]["monomer"]["min_plddt"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError

@@ -64,7 +64,8 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelSettings, ExecutorSett
     """The config file's sections (if any), then every option given on the command line."""
     sections = load_config(args.config, require=False) if args.config else resolve_config({}, require=False)
     written = sections["outputs"]
-    outputs = OutputSettings(args.top_k if args.top_k is not None else written["top_k"], args.pdb or written["write_pdb"])
+    top_k = args.top_k if args.top_k is not None else written["top_k"]
+    outputs = OutputSettings(top_k, args.pdb or written["write_pdb"])
     options = {"checkpoint": args.model, "device": args.device, "max_msa_seqs": args.max_msa_seqs}
     section = {**sections["model"], **{key: value for key, value in options.items() if value is not None}}
     recipe = {name: getattr(args, name) for name in RECIPE_OPTIONS if getattr(args, name) is not None}
