@@ -4,7 +4,8 @@
 #   demo: what a workflow run needs (MMseqs2, foldmill and its dependencies)
 #   test: also the test suite's needs (a local Slurm cluster, pytest, the Boltz-2 oracle)
 # A rerun with nothing changed only checks: the Debian packages with dpkg, the Python install
-# against a stamp in .venv holding a hash of pyproject.toml, the mode and the Python version.
+# against a stamp in .venv holding a hash of pyproject.toml, the Python version and this checkout's
+# path (remove .venv/.foldmill-setup-* to force a reinstall).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-test}"
