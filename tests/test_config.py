@@ -170,6 +170,8 @@ def test_fold_with_device_auto_folds_on_cpu_and_says_so_once(data_dir, tmp_path)
     warnings = [line for line in done.stderr.splitlines() if "model.device is auto" in line]
     assert len(warnings) == 1 and warnings[0].endswith("folding on CPU (slow; set model.device: cpu)")
     assert "ok 1 (0 from earlier runs)" in done.stderr
+    assert "model demo (random weights, not real structures), device cpu; recipe 0 recycling steps, " \
+           "2 sampling steps, 1 sample(s), seed 0" in done.stderr
 
 
 # --- one source of defaults -----------------------------------------------------------------------
@@ -214,6 +216,10 @@ def section_required(section: str) -> list[str]:
 
 def test_model_settings_recipe_default_is_the_schema_recipe():
     assert dataclasses.asdict(ModelSettings("demo", "cpu").recipe) == defaults("model.recipe")
+    # what the fold log says about a config that sets no recipe
+    assert ModelSettings("/data/boltz2_conf.ckpt", "cpu").describe() == (
+        "model /data/boltz2_conf.ckpt, device cpu; recipe 3 recycling steps, 200 sampling steps, 1 sample(s), seed 0"
+    )
 
 
 def test_staging_sections_take_schema_defaults_for_missing_keys():

@@ -42,6 +42,15 @@ class ModelSettings:
     def is_demo(self) -> bool:
         return self.checkpoint == "demo"
 
+    def describe(self) -> str:
+        """One line for the fold log: the weights, the device and the recipe."""
+        weights = "demo (random weights, not real structures)" if self.is_demo else self.checkpoint
+        recipe = self.recipe
+        return (
+            f"model {weights}, device {self.device}; recipe {recipe.recycling_steps} recycling steps, "
+            f"{recipe.sampling_steps} sampling steps, {recipe.diffusion_samples} sample(s), seed {recipe.seed}"
+        )
+
 
 @dataclass(frozen=True)
 class ExecutorSettings:
