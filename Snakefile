@@ -12,7 +12,7 @@ min_version("9.0")
 
 # The demo config applies only when no config was given at all (no --configfile, --config or module
 # `config:`): a user's config gets the schema's defaults and nothing from the demo.
-if not config:
+if not config and not workflow.config_settings.configfiles:
     configfile: "config/demo/config.yaml"
 
 

@@ -92,6 +92,11 @@ def test_no_config_runs_the_demo_and_a_config_gets_nothing_from_it(tmp_path):
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "recipe 1 recycling steps, 10 sampling steps, 2 sample(s)" in demo.stderr
     assert "MoE pretraining on" in demo.stderr and "moe_pretrain" in demo.stdout
+    # A config file with nothing in it is still a config: no demo.
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("{}\n")
+    nothing = snakemake("-n", "--configfile", str(empty))
+    assert nothing.returncode != 0 and "missing key 'inputs'" in nothing.stderr
     # Only the outdir given: the demo is not merged in, so inputs are missing.
     only_outdir = snakemake("-n", "--config", f"outdir={tmp_path}/x")
     assert only_outdir.returncode != 0
