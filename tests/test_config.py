@@ -233,6 +233,21 @@ def test_staging_sections_take_schema_defaults_for_missing_keys():
     assert (staged.search.threads, staged.search.evalue, staged.max_depth) == (8, 0.1, 8192)
 
 
+def test_filter_command_defaults_to_the_workflow_thresholds(tmp_path):
+    from argparse import Namespace
+
+    from foldmill.cli.filter import thresholds_from_args
+    from foldmill.outputs.filters import FilterConfig
+
+    workflow = FilterConfig.from_config(defaults("filters"))
+    assert thresholds_from_args(Namespace(config=None, set=[])) == workflow
+    assert workflow.complex.min_iptm == 0.6 and workflow.monomer.min_plddt == 70
+    partial = tmp_path / "c.yaml"
+    partial.write_text("filters: {complex: {min_iptm: 0.3}}\n")
+    chosen = thresholds_from_args(Namespace(config=str(partial), set=["monomer.min_ptm=null"]))
+    assert (chosen.complex.min_iptm, chosen.complex.min_plddt, chosen.monomer.min_ptm) == (0.3, 70, None)
+
+
 def test_workflow_passes_every_moe_training_key_it_has():
     """TrainConfig's own defaults are the library's small-run ones: the workflow hands over every key
     the schema's moe section shares with it, so a workflow run never falls back to them."""
