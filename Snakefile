@@ -1,5 +1,5 @@
 # foldmill: proteome-scale structure prediction and MoE pretraining.
-# Run the demo:  snakemake --cores 2   (config/config.yaml)
+# Run the demo:  snakemake --cores 2 --configfile config/demo/config.yaml   (also what runs without any config)
 # Use as a module from another workflow:
 #   module foldmill:
 #       snakefile: "path/to/foldmill/Snakefile"
@@ -10,7 +10,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The demo config applies only when no config was given at all (no --configfile, --config or module
+# `config:`): a user's config gets the schema's defaults and nothing from the demo.
+if not config and not workflow.config_settings.configfiles:
+    configfile: "config/demo/config.yaml"
 
 
 include: "rules/common.smk"

@@ -1,9 +1,18 @@
 # Shared set-up for every rules file (config validation, output paths, the list of final outputs).
+import sys
 from pathlib import Path
 
-from snakemake.utils import validate
+from foldmill.config import ConfigError, resolve_config, run_summary
 
-validate(config, workflow.source_path("../workflow/schemas/config.schema.yaml"))
+# The schema's defaults filled in and every key checked (foldmill.config); a problem is one line.
+try:
+    resolved_config = resolve_config(config)
+except ConfigError as error:
+    raise SystemExit(f"foldmill: error: {error}") from None
+config.clear()
+config.update(resolved_config)
+if workflow.is_main_process:
+    print(run_summary(config), file=sys.stderr)
 
 OUTDIR = Path(config["outdir"])
 LOGDIR = OUTDIR / "logs"

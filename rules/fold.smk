@@ -3,7 +3,8 @@
 # OUTDIR/predictions/<target_id>/ per target and the shard's fold table. Reruns skip written targets.
 from snakemake.exceptions import WorkflowError
 
-FOLD_ON_GPU = config["model"]["device"] == "cuda"
+# device auto is resolved inside the fold job, on the node that folds: ask for its GPUs.
+FOLD_ON_GPU = config["model"]["device"] != "cpu"
 # CPUs of a fold job's local Ray instance: executor.cpus, else every core Snakemake has. Cluster
 # executors run without --cores: there the job's CPUs come from the cpus_per_gpu resource.
 try:

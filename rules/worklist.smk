@@ -11,6 +11,7 @@ rule worklist:
         rejects=OUTDIR / "worklist/rejects.tsv",
     params:
         skip_bad=config["skip_bad"],
+        max_tokens=config["worklist"]["max_tokens"],
     log:
         LOGDIR / "worklist.log",
     conda:

@@ -124,9 +124,11 @@ def test_settings_from_config_sections() -> None:
     with pytest.raises(FoldmillError, match="unknown key"):
         executor_settings({"queue_dept": 4})
     with pytest.raises(FoldmillError, match="sampling_steps"):
-        model_settings({"recipe": {"sampling_steps": 1}})
+        model_settings({"checkpoint": "demo", "recipe": {"sampling_steps": 1}})
     with pytest.raises(FoldmillError, match="model.device"):
-        model_settings({"device": "tpu"})
+        model_settings({"checkpoint": "demo", "device": "tpu"})
+    with pytest.raises(FoldmillError, match="model.checkpoint: missing"):
+        model_settings({"device": "cpu"})
 
 
 def test_progress_line_and_summary() -> None:

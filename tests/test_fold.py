@@ -55,7 +55,8 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
     """`foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
-    args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]
+    args = [str(example), "-o", str(tmp_path), "--model", "demo", "--device", "cpu", "--recycling-steps", "0",
+            "--sampling-steps", "2"]  # fmt: skip
     done = foldmill("fold", *args)
     assert done.returncode == 0, done.stderr
     assert "ok 1 (0 from earlier runs), failed 0, rejected 0" in done.stderr
@@ -76,7 +77,7 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
 
 
 def test_fold_errors_are_one_line(tmp_path: Path) -> None:
-    missing = foldmill("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"))
+    missing = foldmill("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"), "--model", "demo")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith("foldmill: error:") and "nothing.yaml" in missing.stderr
     bad = tmp_path / "bad.fasta"
@@ -86,7 +87,9 @@ def test_fold_errors_are_one_line(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("executor: {queue_dept: 3}\n")
     typo = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
-    assert typo.returncode == 2 and "unknown key(s) queue_dept" in typo.stderr
+    assert typo.returncode == 2 and "unknown key 'queue_dept' (in executor; did you mean 'queue_depth'?)" in typo.stderr
+    no_model = foldmill("fold", str(bad), "-o", str(tmp_path / "out"))
+    assert no_model.returncode == 2 and "no model: give --model boltz2_conf.ckpt" in no_model.stderr
 
 
 def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -> None:

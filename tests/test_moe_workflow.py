@@ -10,7 +10,8 @@ import sys
 def test_demo_prepare_pretrain_evaluate(repo, tmp_path):
     outdir = tmp_path / "results"
     target = outdir / "moe/evaluation.json"
-    command = [sys.executable, "-m", "snakemake", "--cores", "2", "--config", f"outdir={outdir}", "--", str(target)]
+    command = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/demo/config.yaml",
+               "--config", f"outdir={outdir}", "--", str(target)]  # fmt: skip
     completed = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     evaluation = json.loads(target.read_text())

@@ -71,6 +71,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, repo: Path) ->
     (root / "targets.tsv").write_text(sheet)
     (root / "config.yaml").write_text(
         f"outdir: {root / 'results'}\n"
+        "model: {checkpoint: demo}\n"
         f"inputs: [{data_dir / 'proteomes' / 'yeast_chr1.fasta'}, {root / 'extra.fasta'}, {root / 'targets.tsv'}]\n"
         f"msa: {{database: {root / 'db.fasta'}, threads: 2}}\n"
         f"templates: {{seqres: {root / 'seqres.fasta'}, mmcif_dir: {data_dir / 'structures'}, threads: 2}}\n"

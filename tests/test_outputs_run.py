@@ -372,7 +372,8 @@ def _rules_run(log: str) -> set[str]:
 
 
 def _write_config(root: Path, thresholds: dict, tar_gz: bool) -> None:
-    config = {"outdir": "out", "inputs": ["targets.tsv"], "filters": thresholds, "export": {"tar_gz": tar_gz}}
+    config = {"outdir": "out", "inputs": ["targets.tsv"], "model": {"checkpoint": "demo"}, "filters": thresholds,
+              "export": {"tar_gz": tar_gz}}  # fmt: skip
     (root / "config.yaml").write_text(yaml.safe_dump(config))
 
 

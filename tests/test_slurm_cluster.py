@@ -37,7 +37,7 @@ TEST_CONFIG = """\
 outdir: results
 inputs: [proteins.fasta]
 sharding: {tokens_per_shard: 60}
-model: {device: cpu, recipe: {recycling_steps: 0, sampling_steps: 2, diffusion_samples: 1}}
+model: {checkpoint: demo, device: cpu, recipe: {recycling_steps: 0, sampling_steps: 2, diffusion_samples: 1}}
 msa: {threads: 1}
 templates: {threads: 1}
 export: {tar_gz: true}

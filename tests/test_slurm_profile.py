@@ -96,7 +96,9 @@ def job_counts(snakemake_output: str) -> dict[str, int]:
 def test_proteome_of_20000_targets_plans_at_most_100_gpu_jobs(tmp_path, monkeypatch):
     residues = synthetic_proteome(tmp_path / "proteome.fasta", 20_000)
     config = tmp_path / "config.yaml"
-    config.write_text(f"outdir: {tmp_path / 'results'}\ninputs: [{tmp_path / 'proteome.fasta'}]\n")
+    config.write_text(
+        f"outdir: {tmp_path / 'results'}\ninputs: [{tmp_path / 'proteome.fasta'}]\nmodel: {{checkpoint: demo}}\n"
+    )
     common = ["-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(config)]
     # The shard count is known once the `shards` checkpoint ran: build worklist and shards here.
     built = subprocess.run(

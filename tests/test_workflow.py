@@ -23,7 +23,7 @@ def test_lint_is_clean(repo: Path) -> None:
 
 
 def test_dry_run_on_demo_config(repo: Path, tmp_path: Path) -> None:
-    done = run_snakemake(["-n", "--config", f"outdir={tmp_path}/out"], repo)
+    done = run_snakemake(["-n", "--configfile", "config/demo/config.yaml", "--config", f"outdir={tmp_path}/out"], repo)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "worklist" in done.stdout
 
@@ -55,6 +55,7 @@ rule all:
     (tmp_path / "host.yaml").write_text(
         "foldmill:\n"
         "  outdir: fm\n"
+        "  model: {checkpoint: demo}\n"
         f"  inputs: ['{data_dir / 'proteomes/yeast_chr1.fasta'}', '{data_dir / 'boltz_inputs/multimer.yaml'}']\n"
     )
     done = run_snakemake(["--cores", "1", "fm/worklist/worklist.tsv"], tmp_path)
@@ -71,7 +72,10 @@ def test_bad_target_in_workflow(repo: Path, tmp_path: Path, skip_bad: bool) -> N
     inputs = tmp_path / "in.fasta"
     inputs.write_text(">ok1\nMKTAYIAK\n>bad1\nMK2\n")
     config = tmp_path / "c.yaml"
-    config.write_text(f"outdir: {tmp_path / 'out'}\ninputs: ['{inputs}']\nskip_bad: {str(skip_bad).lower()}\n")
+    config.write_text(
+        f"outdir: {tmp_path / 'out'}\ninputs: ['{inputs}']\nskip_bad: {str(skip_bad).lower()}\n"
+        "model: {checkpoint: demo}\n"
+    )
     target = str(tmp_path / "out/worklist/worklist.tsv")
     done = run_snakemake([target, "--cores", "1", "--configfile", str(config)], repo)
     if skip_bad:

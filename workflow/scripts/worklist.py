@@ -7,7 +7,7 @@ from foldmill.runtime.rulescript import run_rule
 
 
 def main(snakemake) -> None:
-    result = build_worklist(list(snakemake.input), skip_bad=True)
+    result = build_worklist(list(snakemake.input), skip_bad=True, max_tokens=snakemake.params.max_tokens)
     if len(result.rejects) and not snakemake.params.skip_bad:
         first = result.rejects.iloc[0]
         raise SystemExit(f"{first['source']}: {first['record']}: {first['problem']}")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
+from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
 from foldmill.outputs.filters import FilterConfig, apply_filters, write_filter_tables
 from foldmill.outputs.summary import read_summary
 
 
 def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="a foldmill config file; its `filters:` section gives the thresholds")
+    parser.add_argument(
+        "--config", help="a foldmill config file; its `filters:` section gives the thresholds (default: the workflow's)"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -24,14 +25,10 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def thresholds_from_args(args: argparse.Namespace) -> FilterConfig:
-    """Thresholds from --config's `filters:` section, then each --set; anything unset is not applied."""
-    section: dict[str, dict[str, object]] = {}
-    if args.config:
-        try:
-            loaded = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise FoldmillError(f"{args.config}: cannot read config: {error}") from None
-        section = {key: dict(value or {}) for key, value in (loaded.get("filters") or {}).items()}
+    """Thresholds from --config's `filters:` section (the schema's defaults where it sets none, as in the
+    workflow), then each --set; a threshold set to null is not applied."""
+    config = load_config(args.config, require=False) if args.config else resolve_config({}, require=False)
+    section = {key: dict(value) for key, value in config["filters"].items()}
     for item in args.set:
         key, _, value = item.partition("=")
         target_type, _, name = key.partition(".")

@@ -16,8 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
+from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
 from foldmill.executor.engine import Staging
 from foldmill.executor.run import OutputSettings, fold_targets, read_work_items, work_items
@@ -44,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, help="workflow config whose model:, executor: and outputs: sections to use")
     parser.add_argument("--staged", type=Path, help="use the MSAs and templates a workflow run staged (its OUTDIR/staged)")
     model = parser.add_argument_group("model and recipe (default: the config's, else Boltz-2's)")
-    model.add_argument("--model", help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights; the default)")
-    model.add_argument("--device", choices=DEVICES, help="default: cuda when available, else cpu")
+    model.add_argument("--model", help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights)")
+    model.add_argument("--device", choices=("auto", *DEVICES), help="default auto: cuda when available, else cpu")
     for option in RECIPE_OPTIONS:
         model.add_argument(f"--{option.replace('_', '-')}", type=int)
     model.add_argument("--max-msa-seqs", type=int)
@@ -63,18 +62,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def settings_from(args: argparse.Namespace) -> tuple[ModelSettings, ExecutorSettings, OutputSettings]:
     """The config file's sections (if any), then every option given on the command line."""
-    sections = _config_sections(args.config)
-    written = sections.get("outputs") or {}
-    outputs = OutputSettings(
-        args.top_k if args.top_k is not None else written.get("top_k"), args.pdb or bool(written.get("write_pdb"))
-    )
-    model = model_settings(sections.get("model"))
-    if "device" not in (sections.get("model") or {}):
-        model = replace(model, device=_default_device())
+    sections = load_config(args.config, require=False) if args.config else resolve_config({}, require=False)
+    written = sections["outputs"]
+    top_k = args.top_k if args.top_k is not None else written["top_k"]
+    outputs = OutputSettings(top_k, args.pdb or written["write_pdb"])
+    options = {"checkpoint": args.model, "device": args.device, "max_msa_seqs": args.max_msa_seqs}
+    section = {**sections["model"], **{key: value for key, value in options.items() if value is not None}}
     recipe = {name: getattr(args, name) for name in RECIPE_OPTIONS if getattr(args, name) is not None}
-    fields = {"checkpoint": args.model, "device": args.device, "max_msa_seqs": args.max_msa_seqs}
-    model = replace(model, recipe=replace(model.recipe, **recipe), **{k: v for k, v in fields.items() if v is not None})
-    executor = executor_settings(sections.get("executor"))
+    section["recipe"] = {**section["recipe"], **recipe}
+    if "checkpoint" not in section:
+        raise FoldmillError("no model: give --model boltz2_conf.ckpt (or --model demo for random weights)")
+    model = model_settings(section)
+    executor = executor_settings(sections["executor"])
     given = {field: getattr(args, option) for option, field in EXECUTOR_OPTIONS.items() if getattr(args, option) is not None}
     return model, replace(executor, **given), outputs
 
@@ -106,20 +105,3 @@ def run_fold(args: argparse.Namespace) -> int:
         raise FoldmillError(run.abort_reason)
     return 0 if run.count("ok") == len(run.records) else 1
 
-
-def _config_sections(path: Path | None) -> dict:
-    if path is None:
-        return {}
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise FoldmillError(f"{path}: cannot read config: {error}") from None
-    if not isinstance(config, dict):
-        raise FoldmillError(f"{path}: a config must be a mapping of sections")
-    return config
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

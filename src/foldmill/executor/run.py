@@ -78,6 +78,7 @@ def fold_targets(
     """Fold `items` into OUTDIR/predictions, write the fold table `table`, return the run's records."""
     outputs = outputs or OutputSettings()
     started = time.monotonic()
+    log.info("%s", model.describe())
     provenance = run_provenance(model)
     plan = plan_run(items, outdir, provenance)
     journal = journal_path(table)

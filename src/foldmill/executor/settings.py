@@ -2,8 +2,9 @@
 
 Both are plain frozen dataclasses so they travel to Ray actors unchanged. `model_settings` and
 `executor_settings` read the workflow config sections (defaults come from
-workflow/schemas/config.schema.yaml; the dataclass defaults are the same values, for library and
-CLI use). The recipe is the model's own `InferenceRecipe`, seeded (0) unless the config says otherwise.
+workflow/schemas/config.schema.yaml through foldmill.config; the dataclass defaults are the same
+values, checked by tests/test_config.py). The recipe is the model's own `InferenceRecipe`, seeded (0)
+unless the config says otherwise. A device `auto` is resolved when the settings are made.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from foldmill.config import resolve_device
 from foldmill.errors import FoldmillError
 from foldmill.model.config import InferenceRecipe
 
@@ -20,8 +22,8 @@ DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class ModelSettings:
-    checkpoint: str = "demo"  # path to boltz2_conf.ckpt, or "demo" for the seeded random-weight model
-    device: str = "cuda"
+    checkpoint: str  # path to boltz2_conf.ckpt, or "demo" for the seeded random-weight model
+    device: str = "auto"  # resolved to cuda or cpu on construction
     recipe: InferenceRecipe = field(default_factory=lambda: InferenceRecipe(seed=0))
     max_msa_seqs: int = 8192
     fast_path: bool = True  # on cuda: foldmill.model.fastpath (bf16, kernels, CUDA graphs); false = fp32 reference
@@ -31,14 +33,28 @@ class ModelSettings:
     # (e.g. pairformer_blocks: 0 for a demo that runs in minutes on two CPU cores).
     demo_config: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", resolve_device(self.device))
+        if self.device not in DEVICES:
+            raise FoldmillError(f"config model.device: {self.device!r} is not one of auto, {', '.join(DEVICES)}")
+
     @property
     def is_demo(self) -> bool:
         return self.checkpoint == "demo"
 
+    def describe(self) -> str:
+        """One line for the fold log: the weights, the device and the recipe."""
+        weights = "demo (random weights, not real structures)" if self.is_demo else self.checkpoint
+        recipe = self.recipe
+        return (
+            f"model {weights}, device {self.device}; recipe {recipe.recycling_steps} recycling steps, "
+            f"{recipe.sampling_steps} sampling steps, {recipe.diffusion_samples} sample(s), seed {recipe.seed}"
+        )
+
 
 @dataclass(frozen=True)
 class ExecutorSettings:
-    address: str | None = None  # Ray cluster to join; None = RAY_ADDRESS, else a local instance
+    address: str = ""  # Ray cluster to join; "" = RAY_ADDRESS, else a local instance
     cpus: int = 0  # CPUs of a local Ray instance (0 = every core this process may use)
     gpus: int = 0  # GPUs of a local Ray instance (0 = every visible GPU)
     cpu_replicas: int = 1  # model replicas when device is cpu
@@ -64,11 +80,10 @@ def _build(cls: type, section: dict[str, Any], where: str) -> Any:
 def model_settings(section: dict[str, Any] | None) -> ModelSettings:
     """ModelSettings from the config's `model:` section."""
     section = dict(section or {})
+    if not section.get("checkpoint"):
+        raise FoldmillError("config model.checkpoint: missing (path to boltz2_conf.ckpt, or demo for random weights)")
     recipe = _build(InferenceRecipe, {"seed": 0, **dict(section.pop("recipe", None) or {})}, "model.recipe")
-    settings = replace(_build(ModelSettings, section, "model"), recipe=recipe)
-    if settings.device not in DEVICES:
-        raise FoldmillError(f"config model.device: {settings.device!r} is not one of {', '.join(DEVICES)}")
-    return settings
+    return replace(_build(ModelSettings, section, "model"), recipe=recipe)
 
 
 def executor_settings(section: dict[str, Any] | None) -> ExecutorSettings:

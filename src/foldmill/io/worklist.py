@@ -115,11 +115,15 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def build_worklist(paths: Sequence[str | Path], skip_bad: bool = False) -> WorklistResult:
+def build_worklist(
+    paths: Sequence[str | Path], skip_bad: bool = False, max_tokens: int | None = None
+) -> WorklistResult:
     """Read, validate and summarize every target; duplicate ids are errors.
 
     With skip_bad=False the first bad record raises InputError; otherwise bad records are
-    collected into the rejects table (target, source, problem) and the rest go on.
+    collected into the rejects table (target, source, problem) and the rest go on. A target of
+    more than max_tokens tokens (the config's worklist.max_tokens) is a bad record too: it would
+    not fit one GPU and only fail later, inside a fold job.
     """
     targets: list[Target] = []
     rows: list[dict[str, object]] = []
@@ -136,6 +140,8 @@ def build_worklist(paths: Sequence[str | Path], skip_bad: bool = False) -> Workl
                         item.source, item.record, f"duplicate target id {item.target_id!r} (first in {seen[item.target_id]})"
                     )
                 row = summarize(item)
+                if max_tokens is not None and row["n_tokens"] > max_tokens:
+                    raise InputError(item.source, item.record, f"{row['n_tokens']} tokens > max_tokens {max_tokens}")
             except InputError as error:
                 if not skip_bad:
                     raise

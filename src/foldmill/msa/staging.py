@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from foldmill.config import defaults
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.hashing import file_sha256
@@ -59,19 +60,21 @@ class MSAStagingConfig:
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> MSAStagingConfig:
-        """From the workflow's `msa:` config section (keys documented in config/README.md)."""
+        """From the workflow's `msa:` config section (keys documented in config/README.md); a key it
+        lacks takes the schema's default."""
+        section = {**defaults("msa"), **section}
         search = mmseqs.SearchSettings(
-            sensitivity=float(section.get("sensitivity", 7.5)),
-            evalue=float(section.get("evalue", 0.1)),
-            max_seqs=int(section.get("max_seqs", 10000)),
-            diversity_filter=bool(section.get("diversity_filter", True)),
-            threads=int(threads or section.get("threads", 1)),
+            sensitivity=float(section["sensitivity"]),
+            evalue=float(section["evalue"]),
+            max_seqs=int(section["max_seqs"]),
+            diversity_filter=bool(section["diversity_filter"]),
+            threads=int(threads or section["threads"]),
         )
         return cls(
-            mode=section.get("mode", "auto"),
-            database=section.get("database", ""),
-            max_depth=int(section.get("max_depth", DEFAULT_MAX_DEPTH)),
-            cache_dir=cache_dir or section.get("cache_dir", ""),
+            mode=section["mode"],
+            database=section["database"],
+            max_depth=int(section["max_depth"]),
+            cache_dir=cache_dir or section["cache_dir"],
             search=search,
         )
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from foldmill.config import defaults
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.io.targets import Target
@@ -55,9 +56,11 @@ class TemplateStagingConfig:
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> TemplateStagingConfig:
-        """From the workflow's `templates:` config section; searching needs seqres and mmcif_dir."""
-        seqres, mmcif_dir = section.get("seqres", ""), section.get("mmcif_dir", "")
-        cache_dir = cache_dir or section.get("cache_dir", "")
+        """From the workflow's `templates:` config section (a key it lacks takes the schema's default);
+        searching needs seqres and mmcif_dir."""
+        section = {**defaults("templates"), **section}
+        seqres, mmcif_dir = section["seqres"], section["mmcif_dir"]
+        cache_dir = cache_dir or section["cache_dir"]
         if not seqres:
             return cls(None, cache_dir)
         if not mmcif_dir:
@@ -65,17 +68,17 @@ class TemplateStagingConfig:
                 "templates.seqres is set but templates.mmcif_dir is not (the directory of template mmCIF files)"
             )
         settings = mmseqs.SearchSettings(
-            sensitivity=float(section.get("sensitivity", 7.5)),
-            evalue=float(section.get("evalue", 1e-3)),
-            max_seqs=int(section.get("max_seqs", 1000)),
+            sensitivity=float(section["sensitivity"]),
+            evalue=float(section["evalue"]),
+            max_seqs=int(section["max_seqs"]),
             diversity_filter=False,
-            threads=int(threads or section.get("threads", 1)),
+            threads=int(threads or section["threads"]),
         )
         search = TemplateSearchConfig(
             seqres=seqres,
             mmcif_dir=mmcif_dir,
-            max_release_date=str(section.get("max_release_date", "") or ""),
-            top_k=int(section.get("top_k", 4)),
+            max_release_date=str(section["max_release_date"] or ""),
+            top_k=int(section["top_k"]),
             search=settings,
         )
         return cls(search, cache_dir)
