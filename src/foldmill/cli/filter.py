@@ -8,12 +8,22 @@ from pathlib import Path
 import yaml
 
 from foldmill.errors import FoldmillError
-from foldmill.outputs.filters import FilterConfig, apply_filters, write_filter_tables
+from foldmill.io.atomic import refuse_foreign
+from foldmill.outputs.filters import (
+    COMMAND,
+    FilterConfig,
+    apply_filters,
+    default_filter_section,
+    write_filter_tables,
+)
 from foldmill.outputs.summary import read_summary
 
 
 def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="a foldmill config file; its `filters:` section gives the thresholds")
+    parser.add_argument(
+        "--config",
+        help="a foldmill config file; its `filters:` section sets thresholds over the workflow's defaults",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -24,14 +34,15 @@ def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def thresholds_from_args(args: argparse.Namespace) -> FilterConfig:
-    """Thresholds from --config's `filters:` section, then each --set; anything unset is not applied."""
-    section: dict[str, dict[str, object]] = {}
+    """The workflow's default thresholds, then --config's `filters:` section over them, then each --set."""
+    section = default_filter_section()
     if args.config:
         try:
             loaded = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as error:
             raise FoldmillError(f"{args.config}: cannot read config: {error}") from None
-        section = {key: dict(value or {}) for key, value in (loaded.get("filters") or {}).items()}
+        for key, value in (loaded.get("filters") or {}).items():
+            section.setdefault(key, {}).update(value or {})
     for item in args.set:
         key, _, value = item.partition("=")
         target_type, _, name = key.partition(".")
@@ -51,17 +62,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "filter",
         help="split a run summary into passed/failed targets by confidence thresholds",
-        description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule).",
+        description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule, "
+        "with the workflow's default thresholds unless --config or --set change them). DIR must be new, empty "
+        "or an earlier filter's output.",
     )
     parser.add_argument("summary", help="summary.tsv or summary.parquet written by `foldmill summary`")
-    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory (new, empty or an earlier filter's)")
     add_threshold_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = apply_filters(read_summary(args.summary), thresholds_from_args(args))
     outdir = Path(args.outdir)
+    refuse_foreign(outdir, COMMAND)
+    result = apply_filters(read_summary(args.summary), thresholds_from_args(args))
     write_filter_tables(result, outdir / "passed.tsv", outdir / "failed.tsv")
     print(f"{int(result['passed'].sum())} of {len(result)} targets passed -> {outdir}")
     return 0

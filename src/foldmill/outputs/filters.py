@@ -1,7 +1,8 @@
 """Confidence filters: thresholds per target type (monomer = one chain, complex = more), from config.
 
 A target passes when it folded (status ok) and meets every threshold set for its type; a
-threshold left empty (null) is not applied. Minimums are inclusive (value >= threshold),
+threshold left empty (null) is not applied. Without a config the thresholds are the workflow's
+defaults (`filters` in the config schema), so `foldmill filter` and the workflow agree. Minimums are inclusive (value >= threshold),
 maximums too (value <= threshold). pLDDT thresholds are on the 0-100 scale and compared with
 Boltz's complex_plddt (0-1) as complex_plddt >= min_plddt / 100. A metric the target does not
 have (no interface contacts, no polymer chain) fails a threshold set on it.
@@ -16,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from foldmill.errors import FoldmillError
-from foldmill.io.atomic import atomic_path
+from foldmill.io.atomic import owned_files
 from foldmill.outputs.summary import read_summary
 
 TARGET_TYPES = ("monomer", "complex")
+COMMAND = "filter"  # the owner named in the filter directory's ledger
+CONFIG_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,16 @@ class FilterConfig:
         return getattr(self, target_type)
 
 
+def default_filter_section() -> dict[str, dict[str, Any]]:
+    """The workflow's default `filters:` section: the defaults the config schema gives each threshold."""
+    try:
+        schema = yaml.safe_load(CONFIG_SCHEMA.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise FoldmillError(f"{CONFIG_SCHEMA}: cannot read the config schema for the default thresholds: {error}") from None
+    types = schema["properties"]["filters"]["properties"]
+    return {t: {name: spec.get("default") for name, spec in types[t]["properties"].items()} for t in TARGET_TYPES}
+
+
 def apply_filters(summary: pd.DataFrame, config: FilterConfig) -> pd.DataFrame:
     """The summary with `passed` (bool), `failed_filters` (comma-separated) and `reason` added."""
     decisions = [_decide(row, config.for_type(row["target_type"])) for row in summary.to_dict("records")]
@@ -118,10 +132,10 @@ def _format(value: float) -> str:
 
 
 def write_filter_tables(result: pd.DataFrame, passed: str | Path, failed: str | Path) -> None:
-    with atomic_path(passed) as temporary:
-        result[result["passed"]].to_csv(temporary, sep="\t", index=False)
-    with atomic_path(failed) as temporary:
-        result[~result["passed"]].to_csv(temporary, sep="\t", index=False)
+    """Both tables, into a directory that is new, empty or holds only an earlier filter's tables."""
+    with owned_files([passed, failed], COMMAND) as (passed_temporary, failed_temporary):
+        result[result["passed"]].to_csv(passed_temporary, sep="\t", index=False)
+        result[~result["passed"]].to_csv(failed_temporary, sep="\t", index=False)
 
 
 def failure_counts(result: pd.DataFrame) -> dict[str, int]:
