@@ -2,10 +2,11 @@
 
 A target passes when it folded (status ok) and meets every threshold set for its type; a
 threshold left empty (null) is not applied. Without a config the thresholds are the workflow's
-defaults (`filters` in the config schema), so `foldmill filter` and the workflow agree. Minimums are inclusive (value >= threshold),
-maximums too (value <= threshold). pLDDT thresholds are on the 0-100 scale and compared with
-Boltz's complex_plddt (0-1) as complex_plddt >= min_plddt / 100. A metric the target does not
-have (no interface contacts, no polymer chain) fails a threshold set on it.
+defaults (`filters` in the config schema), so `foldmill filter` and the workflow agree.
+Minimums are inclusive (value >= threshold), maximums too (value <= threshold). pLDDT thresholds
+are on the 0-100 scale and compared with Boltz's complex_plddt (0-1) as complex_plddt >=
+min_plddt / 100. A metric the target does not have (no interface contacts, no polymer chain)
+fails a threshold set on it.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def default_filter_section() -> dict[str, dict[str, Any]]:
     try:
         schema = yaml.safe_load(CONFIG_SCHEMA.read_text(encoding="utf-8"))
     except OSError as error:
-        raise FoldmillError(f"{CONFIG_SCHEMA}: cannot read the config schema for the default thresholds: {error}") from None
+        raise FoldmillError(f"{CONFIG_SCHEMA}: cannot read the default thresholds: {error}") from None
     types = schema["properties"]["filters"]["properties"]
     return {t: {name: spec.get("default") for name, spec in types[t]["properties"].items()} for t in TARGET_TYPES}
 

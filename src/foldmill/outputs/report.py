@@ -68,9 +68,8 @@ def _thresholds_table(result: pd.DataFrame, filters: FilterConfig) -> str:
     for criterion in CRITERIA:
         values = [asdict(filters.for_type(t))[criterion.name] for t in TARGET_TYPES]
         cells = "".join(f"<td>{'-' if value is None else f'{value:g}'}</td>" for value in values)
-        rows.append(
-            f"<tr><th>{criterion.name} ({html.escape(criterion.label)})</th>{cells}<td>{counts[criterion.name]}</td></tr>"
-        )
+        name = f"{criterion.name} ({html.escape(criterion.label)})"
+        rows.append(f"<tr><th>{name}</th>{cells}<td>{counts[criterion.name]}</td></tr>")
     return (
         "<table class='thresholds'>" + "".join(rows) + "</table>"
         f"<p>{counts[STATUS_FILTER]} target(s) did not fold (status failed, rejected or missing). "
