@@ -21,7 +21,7 @@ import yaml
 
 from foldmill.cli import main as cli_main
 from foldmill.errors import FoldmillError
-from foldmill.io.atomic import read_ledger
+from foldmill.io.atomic import foreign_files, owned_files, read_ledger, write_text_atomic
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import FilterConfig, read_filter_result
 from test_fold import CI_CONFIG
@@ -167,7 +167,7 @@ def test_commands_pointed_at_a_run_directory_refuse_and_delete_nothing(demo_run,
         assert "nothing was written" in lines[0]
     # Into another command's directory: the filter tables are not the export's to replace.
     done = _foldmill("export", out / "filter", "-o", out / "filter")
-    assert done.returncode == 2 and "(e.g. .foldmill-filter" in done.stderr
+    assert done.returncode == 2 and "(e.g. failed.tsv and 2 more)" in done.stderr
     assert _listing(out) == before
 
 
@@ -295,3 +295,39 @@ def test_export_refuses_a_path_that_is_a_file(tmp_path):
                        ExportOptions())  # fmt: skip
     assert (tmp_path / "export").read_text() == "a file\n"
     assert os.listdir(tmp_path) == ["export"]
+
+
+# --- the mechanism itself (foldmill.io.atomic) ----------------------------------------------------
+
+
+def test_atomic_writes_take_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        write_text_atomic(tmp_path / "a.txt", "x")
+        with owned_files([tmp_path / "b.tsv"], "filter", exclusive=False) as (temporary,):
+            temporary.write_text("y")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"a.txt": 0o640, "b.tsv": 0o640, ".foldmill-filter": 0o640}
+
+
+def test_an_interrupted_write_keeps_the_old_files_and_stays_the_commands(tmp_path):
+    with owned_files([tmp_path / "passed.tsv", tmp_path / "failed.tsv"], "filter") as temporaries:
+        for temporary in temporaries:
+            temporary.write_text("first\n")
+    with pytest.raises(KeyboardInterrupt):
+        with owned_files([tmp_path / "passed.tsv", tmp_path / "failed.tsv"], "filter") as temporaries:
+            temporaries[0].write_text("second\n")
+            raise KeyboardInterrupt
+    assert {p.name: p.read_text() for p in tmp_path.iterdir() if not p.name.startswith(".")} == {
+        "passed.tsv": "first\n", "failed.tsv": "first\n",
+    }  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".foldmill-filter", "failed.tsv", "passed.tsv"]
+    # A temporary file a killed process left behind is ours, not a reason to refuse.
+    (tmp_path / f".passed.tsv.{'0' * 32}.tmp").write_text("scrap")
+    assert foreign_files(tmp_path, "filter") == []
+    (tmp_path / "sub").mkdir()
+    assert foreign_files(tmp_path, "filter") == [tmp_path / "sub"]
+    assert foreign_files(tmp_path, "export") == [tmp_path / ".foldmill-filter", tmp_path / "failed.tsv",
+                                                 tmp_path / "passed.tsv", tmp_path / "sub"]  # fmt: skip

@@ -387,7 +387,8 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
     assert _rules_run(_snakemake(root)) == {"summary", "filter", "export", "report_figures", "report", "all"}
     out = root / "out"
     for path in ("summary.tsv", "summary.parquet", "filter/passed.tsv", "filter/failed.tsv", "export/manifest.tsv",
-                 "export/README.md", "report/plddt_distribution.png", "report/targets.html"):  # fmt: skip
+                 "export/README.md", "report/plddt_distribution.png", "report/targets.html",
+                 "report.html"):  # fmt: skip
         assert (out / path).is_file(), path
     assert pd.read_csv(out / "filter/passed.tsv", sep="\t")["target_id"].tolist() == ["mono_hi", "cx_ok"]
     assert not (out / "export.tar.gz").exists()

@@ -147,6 +147,8 @@ def refuse_foreign(directory: str | os.PathLike[str], command: str, names: Seque
     if not found:
         return
     directory = Path(directory)
+    # A visible file makes the better example than a hidden one (another command's ledger).
+    found.sort(key=lambda path: any(part.startswith(".") for part in path.relative_to(directory).parts))
     if found == [directory]:
         raise ForeignFilesError(f"{directory}: exists and is not a directory; foldmill {command} wrote nothing")
     more = f" and {len(found) - 1} more" if len(found) > 1 else ""
