@@ -6,6 +6,7 @@ rule stage_msas:
     input:
         chains=rules.worklist.output.chains,
         worklist=rules.worklist.output.tsv,
+        checked=rules.check_worklist.output[0],
         database=msa_database_input,
     output:
         manifest=OUTDIR / "staged/msa_manifest.tsv",

@@ -1,6 +1,7 @@
-# Outputs: run summary -> confidence filters -> high-confidence export, and the report's figures.
-# Logic lives in src/foldmill/outputs/; thresholds are params, so changing them reruns only
-# filter, export and the report figures, never the summary (let alone folding).
+# Outputs: run summary -> confidence filters -> high-confidence export, the report's figures and
+# OUTDIR/report.html. Logic lives in src/foldmill/outputs/; thresholds are params, so changing them
+# reruns only filter, export and the report, never the summary (let alone folding). Each writer
+# replaces only files it wrote (its `.foldmill-<command>` ledger) and refuses anything else.
 
 report: "../workflow/report/workflow.rst"
 
@@ -42,7 +43,9 @@ rule export:
         passed=rules.filter.output.passed,
         failed=rules.filter.output.failed,
     output:
-        directory(OUTDIR / "export"),
+        # The folder is swapped in as a whole; naming its manifest (not the folder) keeps Snakemake
+        # from deleting the folder before the job, so a folder holding anything else is refused, not lost.
+        manifest=OUTDIR / "export/manifest.tsv",
     params:
         filters=config["filters"],
         export=config["export"],
@@ -56,7 +59,7 @@ rule export:
 
 rule export_archive:
     input:
-        rules.export.output,
+        rules.export.output.manifest,
     output:
         OUTDIR / "export.tar.gz",
     log:
@@ -107,6 +110,24 @@ rule report_figures:
         script_path("summary_report.py")
 
 
-FINAL_OUTPUTS.extend([rules.summary.output.parquet, rules.export.output[0], *rules.report_figures.output])
+rule report:
+    input:
+        passed=rules.filter.output.passed,
+        failed=rules.filter.output.failed,
+    output:
+        OUTDIR / "report.html",
+    params:
+        filters=config["filters"],
+    log:
+        LOGDIR / "report.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("report.py")
+
+
+FINAL_OUTPUTS.extend(
+    [rules.summary.output.parquet, rules.export.output.manifest, *rules.report_figures.output, rules.report.output[0]]
+)
 if config["export"]["tar_gz"]:
     FINAL_OUTPUTS.append(rules.export_archive.output[0])

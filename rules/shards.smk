@@ -37,6 +37,7 @@ def shard_runtime(wildcards, attempt):
 checkpoint shards:
     input:
         rules.worklist.output.tsv,
+        checked=rules.check_worklist.output[0],
     output:
         directory(SHARD_DIR),
     params:

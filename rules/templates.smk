@@ -5,6 +5,7 @@
 rule stage_templates:
     input:
         worklist=rules.worklist.output.tsv,
+        checked=rules.check_worklist.output[0],
         seqres=template_search_inputs,
     output:
         manifest=OUTDIR / "staged/templates_manifest.tsv",

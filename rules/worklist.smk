@@ -20,4 +20,21 @@ rule worklist:
         script_path("worklist.py")
 
 
+# Staging and sharding wait for this check: with no target left (empty input, every target
+# rejected) the run stops here in one line and earlier outputs (export/, report.html) stay as they are.
+rule check_worklist:
+    input:
+        worklist=rules.worklist.output.tsv,
+        rejects=rules.worklist.output.rejects,
+    output:
+        OUTDIR / "worklist/check.txt",
+    log:
+        LOGDIR / "check_worklist.log",
+    localrule: True
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("worklist_check.py")
+
+
 FINAL_OUTPUTS.append(rules.worklist.output.tsv)

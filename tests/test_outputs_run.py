@@ -20,6 +20,7 @@ import yaml
 
 from foldmill.cli import main as cli_main
 from foldmill.errors import FoldmillError
+from foldmill.io.atomic import read_ledger
 from foldmill.io.worklist import build_worklist, write_worklist
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import (
@@ -291,9 +292,12 @@ def test_export_folder(in_run_dir, filtered, tmp_path):
     assert export_passing(filtered, export, FilterConfig.from_config(THRESHOLDS), options) == 2
     manifest = pd.read_csv(export / "manifest.tsv", sep="\t")
     files = sorted(
-        p.relative_to(export).as_posix() for p in export.rglob("*") if p.is_file() and p.name != "manifest.tsv"
+        p.relative_to(export).as_posix()
+        for p in export.rglob("*")
+        if p.is_file() and p.name not in ("manifest.tsv", ".foldmill-export")
     )
     assert manifest["path"].tolist() == files
+    assert set(files) | {"manifest.tsv"} <= read_ledger(export, "export")  # the export's own files, all listed
     for path, digest in zip(manifest["path"], manifest["sha256"]):
         assert hashlib.sha256((export / path).read_bytes()).hexdigest() == digest
     structures = {p.parent.name for p in (export / "structures").rglob("*.cif")}
@@ -381,10 +385,11 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
     root = run_dir[0]
     (root / "Snakefile").write_text(SNAKEFILE.format(repo=REPO))
     _write_config(root, THRESHOLDS, tar_gz=False)
-    assert _rules_run(_snakemake(root)) == {"summary", "filter", "export", "report_figures", "all"}
+    assert _rules_run(_snakemake(root)) == {"summary", "filter", "export", "report_figures", "report", "all"}
     out = root / "out"
     for path in ("summary.tsv", "summary.parquet", "filter/passed.tsv", "filter/failed.tsv", "export/manifest.tsv",
-                 "export/README.md", "report/plddt_distribution.png", "report/targets.html"):  # fmt: skip
+                 "export/README.md", "report/plddt_distribution.png", "report/targets.html",
+                 "report.html"):  # fmt: skip
         assert (out / path).is_file(), path
     assert pd.read_csv(out / "filter/passed.tsv", sep="\t")["target_id"].tolist() == ["mono_hi", "cx_ok"]
     assert not (out / "export.tar.gz").exists()
@@ -393,7 +398,7 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
     # New thresholds: only filter, export (and the figures that show the decisions) rerun.
     looser = {**THRESHOLDS, "complex": {**THRESHOLDS["complex"], "min_iptm": 0.3, "min_chain_ptm": 0.4}}
     _write_config(root, looser, tar_gz=True)
-    assert _rules_run(_snakemake(root)) == {"filter", "export", "export_archive", "report_figures", "all"}
+    assert _rules_run(_snakemake(root)) == {"filter", "export", "export_archive", "report_figures", "report", "all"}
     assert (out / "summary.tsv").stat().st_mtime_ns == summary_mtime
     assert pd.read_csv(out / "filter/passed.tsv", sep="\t")["target_id"].tolist() == ["mono_hi", "cx_ok", "cx_bad"]
     assert "| min_iptm (ipTM) | - | 0.3 | 0 |" in (out / "export/README.md").read_text()

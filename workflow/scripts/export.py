@@ -1,5 +1,7 @@
 """Rule `export`: thin wrapper over foldmill.outputs.export."""
 
+from pathlib import Path
+
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import FilterConfig, read_filter_result
 from foldmill.runtime.rulescript import run_rule
@@ -11,7 +13,7 @@ def main(snakemake) -> None:
     )
     export_passing(
         read_filter_result(snakemake.input.passed, snakemake.input.failed),
-        snakemake.output[0],
+        Path(snakemake.output.manifest).parent,
         FilterConfig.from_config(snakemake.params.filters),
         options,
     )

@@ -7,7 +7,13 @@ from pathlib import Path
 
 from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
-from foldmill.outputs.filters import FilterConfig, apply_filters, write_filter_tables
+from foldmill.io.atomic import refuse_foreign
+from foldmill.outputs.filters import (
+    COMMAND,
+    FilterConfig,
+    apply_filters,
+    write_filter_tables,
+)
 from foldmill.outputs.summary import read_summary
 
 
@@ -48,17 +54,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "filter",
         help="split a run summary into passed/failed targets by confidence thresholds",
-        description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule).",
+        description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule, "
+        "with the workflow's default thresholds unless --config or --set change them). DIR must be new, empty "
+        "or an earlier filter's output.",
     )
     parser.add_argument("summary", help="summary.tsv or summary.parquet written by `foldmill summary`")
-    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory (new, empty or an earlier filter's)")
     add_threshold_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    result = apply_filters(read_summary(args.summary), thresholds_from_args(args))
     outdir = Path(args.outdir)
+    refuse_foreign(outdir, COMMAND)
+    result = apply_filters(read_summary(args.summary), thresholds_from_args(args))
     write_filter_tables(result, outdir / "passed.tsv", outdir / "failed.tsv")
     print(f"{int(result['passed'].sum())} of {len(result)} targets passed -> {outdir}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from foldmill.io.atomic import refuse_foreign
 from foldmill.outputs.summary import build_summary, write_summary
 
 
@@ -13,17 +14,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "summary",
         help="summarize a run: status, composition and confidences per target",
         description="Read the per-shard fold tables and the worklist and write DIR/summary.tsv and "
-        "DIR/summary.parquet (same as the summary rule).",
+        "DIR/summary.parquet (same as the summary rule). DIR must be new, empty or an earlier summary's output.",
     )
     parser.add_argument("fold_tables", nargs="+", help="fold tables (OUTDIR/fold/shard_*.tsv)")
     parser.add_argument("--worklist", required=True, help="worklist.tsv written by `foldmill worklist`")
-    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory (new, empty or an earlier summary's)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    table = build_summary(args.fold_tables, args.worklist)
     outdir = Path(args.outdir)
+    refuse_foreign(outdir, "summary")  # before the (long) reading, not only at the write
+    table = build_summary(args.fold_tables, args.worklist)
     write_summary(table, outdir / "summary.tsv", outdir / "summary.parquet")
     counts = table["status"].value_counts().to_dict()
     print(f"{len(table)} targets ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or 'none'}) -> {outdir}")

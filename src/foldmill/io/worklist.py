@@ -204,3 +204,12 @@ def read_worklist_table(path: str | Path, columns: Sequence[str] = ("spec",)) ->
 def load_worklist(path: str | Path) -> list[Target]:
     """Rebuild the Targets of a worklist written by `write_worklist` (TSV or Parquet)."""
     return [Target.from_json(spec) for spec in read_worklist_table(path)["spec"]]
+
+
+def require_targets(worklist: str | Path, rejects: str | Path) -> int:
+    """How many targets the worklist holds; a one-line FoldmillError when none is left to fold."""
+    count = len(read_worklist_table(worklist, columns=("target_id",)))
+    if count == 0:
+        rejected = len(read_worklist_table(rejects, columns=())) if Path(rejects).exists() else 0
+        raise FoldmillError(f"no target left to fold: {rejected} rejected, see {rejects}")
+    return count

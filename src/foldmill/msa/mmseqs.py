@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +119,9 @@ def target_database(path: str | Path, cache_dir: str | Path) -> Path:
     if is_mmseqs_database(database):
         return database
     final.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{tag}.", dir=final.parent))
+    # mkdir, not mkdtemp: the cached database gets the umask's mode (shared caches), not 0700.
+    building = final.parent / f".{tag}.{uuid.uuid4().hex}.tmp"
+    building.mkdir()
     try:
         run_mmseqs("createdb", path, building / "db", "-v", "1")
         try:

@@ -6,7 +6,9 @@ Layout of the export folder:
   summary.tsv               the summary rows of the exported targets
   README.md                 thresholds used, counts, models, how to check the files
   manifest.tsv              path (relative to the folder) and sha256 of every other file
-The folder is assembled beside its final place and renamed in, so it is never half-written.
+The folder is assembled beside its final place and renamed in, so it is never half-written. It
+replaces only an earlier export (foldmill.io.atomic.owned_directory): a folder holding anything
+else is refused before a file is written.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ from pathlib import Path
 import pandas as pd
 
 from foldmill import __version__
-from foldmill.io.atomic import atomic_path
+from foldmill.io.atomic import owned_directory, owned_files
 from foldmill.io.hashing import file_sha256
 from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, FilterConfig, failure_counts
 from foldmill.outputs.modelcif import model_label
-from foldmill.outputs.staging import staging_directory
 from foldmill.outputs.summary import SUMMARY_COLUMNS
 from foldmill.outputs.writer import record_name
 
 MANIFEST = "manifest.tsv"
+COMMAND = "export"  # the owner named in the export folder's ledger
 ARRAY_KINDS = ("plddt", "pae", "pde")
 
 
@@ -44,7 +46,7 @@ def export_passing(
     """Write the export folder for the targets with passed == True; returns how many were exported."""
     passing = filter_result[filter_result["passed"].astype(bool)]
     export_dir = Path(export_dir)
-    with staging_directory(export_dir) as staging:
+    with owned_directory(export_dir, COMMAND) as staging:
         for row in passing.to_dict("records"):
             _copy_target(
                 Path(row["prediction_dir"]), row["target_id"], staging / "structures" / row["target_id"], options
@@ -121,15 +123,18 @@ def export_readme(filter_result: pd.DataFrame, filters: FilterConfig, options: E
 
 
 def archive_export(export_dir: str | Path, archive: str | Path) -> None:
-    """export.tar.gz of the export folder (member names start with 'export/'), written atomically."""
+    """export.tar.gz of the export folder (member names start with 'export/'), written atomically.
+
+    It may sit beside other files (a run's outdir) but replaces only an archive written by export.
+    """
     export_dir = Path(export_dir)
-    with atomic_path(archive) as temporary:
+    with owned_files([archive], COMMAND, exclusive=False) as (temporary,):
         with tarfile.open(temporary, "w:gz") as tar:
             tar.add(export_dir, arcname="export", filter=_portable)
 
 
 def _portable(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    """No local user names in a file meant to be shared; no hidden files (Snakemake's timestamp)."""
+    """No local user names in a file meant to be shared; no hidden files (the ownership ledger)."""
     if Path(member.name).name.startswith("."):
         return None
     member.uid = member.gid = 0

@@ -1,10 +1,12 @@
 """Confidence filters: thresholds per target type (monomer = one chain, complex = more), from config.
 
 A target passes when it folded (status ok) and meets every threshold set for its type; a
-threshold left empty (null) is not applied. Minimums are inclusive (value >= threshold),
-maximums too (value <= threshold). pLDDT thresholds are on the 0-100 scale and compared with
-Boltz's complex_plddt (0-1) as complex_plddt >= min_plddt / 100. A metric the target does not
-have (no interface contacts, no polymer chain) fails a threshold set on it.
+threshold left empty (null) is not applied. Without a config the thresholds are the workflow's
+defaults (`filters` in the config schema), so `foldmill filter` and the workflow agree.
+Minimums are inclusive (value >= threshold), maximums too (value <= threshold). pLDDT thresholds
+are on the 0-100 scale and compared with Boltz's complex_plddt (0-1) as complex_plddt >=
+min_plddt / 100. A metric the target does not have (no interface contacts, no polymer chain)
+fails a threshold set on it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any
 import pandas as pd
 
 from foldmill.errors import FoldmillError
-from foldmill.io.atomic import atomic_path
+from foldmill.io.atomic import owned_files
 from foldmill.outputs.summary import read_summary
 
 TARGET_TYPES = ("monomer", "complex")
+COMMAND = "filter"  # the owner named in the filter directory's ledger
 
 
 @dataclass(frozen=True)
@@ -118,10 +121,10 @@ def _format(value: float) -> str:
 
 
 def write_filter_tables(result: pd.DataFrame, passed: str | Path, failed: str | Path) -> None:
-    with atomic_path(passed) as temporary:
-        result[result["passed"]].to_csv(temporary, sep="\t", index=False)
-    with atomic_path(failed) as temporary:
-        result[~result["passed"]].to_csv(temporary, sep="\t", index=False)
+    """Both tables, into a directory that is new, empty or holds only an earlier filter's tables."""
+    with owned_files([passed, failed], COMMAND) as (passed_temporary, failed_temporary):
+        result[result["passed"]].to_csv(passed_temporary, sep="\t", index=False)
+        result[~result["passed"]].to_csv(failed_temporary, sep="\t", index=False)
 
 
 def failure_counts(result: pd.DataFrame) -> dict[str, int]:

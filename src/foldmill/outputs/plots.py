@@ -1,12 +1,15 @@
-"""Figures and the per-target table of the Snakemake report, from the filter result.
+"""Figures and the per-target table of the run report, from the filter result.
 
-Every function takes the filter result (the summary plus `passed`, `failed_filters`, `reason`;
-see outputs.filters) and writes one file; an empty run gives a figure saying so.
+Every plot function takes the filter result (the summary plus `passed`, `failed_filters`,
+`reason`; see outputs.filters) and writes one PNG to a path or a binary file object; an empty
+run gives a figure saying so. The first line of each docstring is its caption in report.html.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import matplotlib
 
@@ -16,13 +19,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from foldmill.io.atomic import owned_files  # noqa: E402
 from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, FilterConfig, failure_counts  # noqa: E402
+
+PNG = str | Path | BinaryIO
 
 TYPE_COLOURS = {"monomer": "tab:blue", "complex": "tab:orange"}
 PASS_COLOURS = {True: "tab:green", False: "tab:red"}
 
 
-def plot_plddt_distribution(result: pd.DataFrame, filters: FilterConfig, path: str | Path) -> None:
+def plot_plddt_distribution(result: pd.DataFrame, filters: FilterConfig, path: PNG) -> None:
     """Histogram of complex pLDDT (0-100) per target type, with each type's min_plddt."""
     folded = result[result["status"] == "ok"]
     figure, axes = plt.subplots(figsize=(7, 4))
@@ -53,7 +59,7 @@ def plot_plddt_distribution(result: pd.DataFrame, filters: FilterConfig, path: s
     _finish(figure, axes, path, empty=folded.empty)
 
 
-def plot_ptm_iptm(result: pd.DataFrame, filters: FilterConfig, path: str | Path) -> None:
+def plot_ptm_iptm(result: pd.DataFrame, filters: FilterConfig, path: PNG) -> None:
     """pTM vs ipTM of complexes coloured by filter decision; monomers (no ipTM) as ticks on the x axis."""
     folded = result[result["status"] == "ok"]
     figure, axes = plt.subplots(figsize=(6, 5))
@@ -88,7 +94,7 @@ def plot_ptm_iptm(result: pd.DataFrame, filters: FilterConfig, path: str | Path)
     _finish(figure, axes, path, empty=folded.empty)
 
 
-def plot_filter_counts(result: pd.DataFrame, path: str | Path) -> None:
+def plot_filter_counts(result: pd.DataFrame, path: PNG) -> None:
     """Targets passed and failed overall, and failing each filter (a target can fail several)."""
     counts = failure_counts(result)
     labels = {STATUS_FILTER: "did not fold", **{c.name: f"{c.label} ({c.name})" for c in CRITERIA}}
@@ -103,7 +109,7 @@ def plot_filter_counts(result: pd.DataFrame, path: str | Path) -> None:
     _finish(figure, axes, path, empty=result.empty, legend=False)
 
 
-def plot_throughput(result: pd.DataFrame, path: str | Path) -> None:
+def plot_throughput(result: pd.DataFrame, path: PNG) -> None:
     """Fold time vs tokens per target, coloured by replica; the title gives the run's rates."""
     timed = result[result["seconds"].notna() & result["status"].isin(["ok", "failed", "rejected"])]
     figure, axes = plt.subplots(figsize=(7, 4))
@@ -147,30 +153,61 @@ TABLE_COLUMNS = {
 }
 
 
-def write_target_table(result: pd.DataFrame, path: str | Path) -> None:
-    """A self-contained HTML table, one row per target: passing ones first, best confidence first."""
+TABLE_STYLE = (
+    "table.targets{border-collapse:collapse;font:13px sans-serif}"
+    "table.targets td,table.targets th{border:1px solid #ccc;padding:2px 6px}"
+    "table.targets th{background:#eee}"
+)
+
+
+def target_table_html(result: pd.DataFrame) -> str:
+    """An HTML table, one row per target: passing ones first, best confidence first."""
     table = result.assign(plddt=100 * result["complex_plddt"]).sort_values(
         ["passed", "confidence_score"], ascending=[False, False], na_position="last"
     )
     table = table[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
-    html = table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3f}", escape=True, classes="targets")
-    style = (
-        "<style>table.targets{border-collapse:collapse;font:13px sans-serif}"
-        "table.targets td,table.targets th{border:1px solid #ccc;padding:2px 6px}"
-        "table.targets th{background:#eee}</style>"
-    )
+    return table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3f}", escape=True, classes="targets")
+
+
+def write_target_table(result: pd.DataFrame, path: str | Path) -> None:
+    """A self-contained HTML page with the target table."""
     Path(path).write_text(
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Targets</title>{style}</head><body>"
-        f"<p>{int(result['passed'].sum())} of {len(result)} targets passed.</p>{html}</body></html>\n",
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Targets</title><style>{TABLE_STYLE}</style>"
+        f"</head><body><p>{int(result['passed'].sum())} of {len(result)} targets passed.</p>"
+        f"{target_table_html(result)}</body></html>\n",
         encoding="utf-8",
     )
 
 
-def _finish(figure: plt.Figure, axes: plt.Axes, path: str | Path, empty: bool, legend: bool = True) -> None:
+def report_plots(result: pd.DataFrame, filters: FilterConfig) -> dict[str, tuple[Callable[..., None], tuple]]:
+    """The report's figures by name: (plot function, its arguments before the output)."""
+    return {
+        "plddt": (plot_plddt_distribution, (result, filters)),
+        "ptm_iptm": (plot_ptm_iptm, (result, filters)),
+        "filters": (plot_filter_counts, (result,)),
+        "throughput": (plot_throughput, (result,)),
+    }
+
+
+def write_report_figures(result: pd.DataFrame, filters: FilterConfig, paths: Mapping[str, str | Path]) -> None:
+    """The figures (keys as in report_plots) and `targets` (the HTML table), into one report directory.
+
+    Written all together; the directory must be new, empty or hold only an earlier report's files.
+    """
+    plots = report_plots(result, filters)
+    names = [*plots, "targets"]
+    with owned_files([paths[name] for name in names], "report") as temporaries:
+        outputs = dict(zip(names, temporaries))
+        for name, (plot, arguments) in plots.items():
+            plot(*arguments, outputs[name])
+        write_target_table(result, outputs["targets"])
+
+
+def _finish(figure: plt.Figure, axes: plt.Axes, path: PNG, empty: bool, legend: bool = True) -> None:
     if empty:
         axes.text(0.5, 0.5, "no targets", ha="center", va="center", transform=axes.transAxes, fontsize=14)
     elif legend and axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, format="png")
     plt.close(figure)

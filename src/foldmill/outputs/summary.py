@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from foldmill.errors import FoldmillError
-from foldmill.io.atomic import atomic_path
+from foldmill.io.atomic import owned_files
 from foldmill.io.targets import Target
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
@@ -170,11 +170,11 @@ def _round(value: float) -> float:
     return round(float(value), METRIC_DECIMALS)
 
 
-def write_summary(table: pd.DataFrame, tsv: str | Path, parquet: str | Path) -> None:
-    with atomic_path(tsv) as temporary:
-        table.to_csv(temporary, sep="\t", index=False)
-    with atomic_path(parquet) as temporary:
-        table.to_parquet(temporary, index=False)
+def write_summary(table: pd.DataFrame, tsv: str | Path, parquet: str | Path, exclusive: bool = True) -> None:
+    """Both files, replacing only an earlier summary's; exclusive: the directory holds nothing else."""
+    with owned_files([tsv, parquet], "summary", exclusive) as (tsv_temporary, parquet_temporary):
+        table.to_csv(tsv_temporary, sep="\t", index=False)
+        table.to_parquet(parquet_temporary, index=False)
 
 
 def read_summary(path: str | Path) -> pd.DataFrame:

@@ -20,5 +20,7 @@ def run_rule(snakemake: Any, main: Callable[[Any], None]) -> None:
     try:
         main(snakemake)
     except FoldmillError as error:
+        # Into the log file; the console gets it once, from SystemExit.
+        logging.getLogger().removeHandler(handlers[0])
         logging.getLogger("foldmill").error("%s", error)
         raise SystemExit(f"foldmill: error: {error}") from None
