@@ -155,7 +155,9 @@ def test_staged_manifests(tmp_path, data_dir):
     deletions = np.zeros((3, 20), dtype=np.int32)
     deletions[1, 1] = 2
     MSA(rows, deletions, np.array(["", "k1", "k2"])).save(tmp_path / "a.npz")
-    write_tsv(tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], path=[str(tmp_path / "a.npz")])
+    write_tsv(
+        tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], path=[str(tmp_path / "a.npz")]
+    )
     write_tsv(
         tmp_path / "templates_manifest.tsv",
         target_id=["dimer", "other"],
@@ -174,11 +176,11 @@ def test_staged_manifests(tmp_path, data_dir):
     assert features["visibility_ids"][0, 0, 0] == -1 and features["visibility_ids"][0, 0, 20] == 0
     assert features["template_force"].tolist() == [[True]] and features["template_force_threshold"].tolist() == [[2.5]]
 
-    write_tsv(tmp_path / "msa_rejects.tsv", chain_hash=[entity.sequence_hash()], problem=["bad row"])
+    write_tsv(tmp_path / "msa_rejects.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], problem=["bad row"])
     with pytest.raises(InputError, match="MSA rejected by staging: bad row"):
         featurize(target, StagedInputs.from_manifests(tmp_path, target))
     short = make_target(protein(TRP_CAGE[:10]))
-    mismatch = StagedInputs(msa_paths={short.entities[0].sequence_hash(): tmp_path / "a.npz"})
+    mismatch = StagedInputs(msa_paths={(short.entities[0].sequence_hash(), ""): tmp_path / "a.npz"})
     with pytest.raises(InputError, match="staged MSA has 20 columns"):
         featurize(short, mismatch)
 

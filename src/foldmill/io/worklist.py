@@ -11,8 +11,11 @@ Columns (also documented in config/README.md):
   chain_hashes   sequence hash per polymer chain, comma-separated (equal hash = same MSA)
   source         input file and record
   spec           canonical JSON of the Target (rebuild with Target.from_json)
-Alongside, `unique_chains.tsv` lists each distinct polymer sequence once with the number of
-chains that use it, so MSAs are searched and staged once per sequence.
+Alongside, `unique_chains.tsv` lists each distinct polymer sequence once per MSA given with it
+(none, `empty` or a file), with the number of chains that use it, so MSAs are staged once per
+sequence and a user MSA serves only the chains that named it. `rejects.tsv` (REJECT_COLUMNS) has
+one row per input record that was refused: target_id (empty when the record has none), source,
+record, problem.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ WORKLIST_COLUMNS = [
     "source",
     "spec",
 ]
+REJECT_COLUMNS = ["target_id", "source", "record", "problem"]
 INPUT_SUFFIXES = FASTA_SUFFIXES | SHEET_SUFFIXES | YAML_SUFFIXES
 
 
@@ -139,32 +143,34 @@ def build_worklist(paths: Sequence[str | Path], skip_bad: bool = False) -> Workl
             except InputError as error:
                 if not skip_bad:
                     raise
-                rejects.append({"source": error.source, "record": error.record or "", "problem": error.problem})
+                target_id = item.target_id if isinstance(item, Target) else ""
+                rejects.append(
+                    {"target_id": target_id, "source": error.source, "record": error.record or "",
+                     "problem": error.problem}
+                )  # fmt: skip
                 log.warning("rejected: %s", error)
                 continue
             seen[item.target_id] = f"{item.source}:{item.record}"
             targets.append(item)
             rows.append(row)
     table = pd.DataFrame(rows, columns=WORKLIST_COLUMNS)
-    return WorklistResult(targets, table, pd.DataFrame(rejects, columns=["source", "record", "problem"]))
+    return WorklistResult(targets, table, pd.DataFrame(rejects, columns=REJECT_COLUMNS))
 
 
 def unique_chains(targets: Iterable[Target]) -> pd.DataFrame:
-    """One row per distinct polymer sequence: hash, type, sequence, chains using it, given MSA."""
-    rows: dict[str, dict[str, object]] = {}
+    """One row per distinct (polymer sequence, given MSA): hash, type, sequence, chains using it, MSA."""
+    rows: dict[tuple[str, str], dict[str, object]] = {}
     for target in targets:
         for entity in target.entities:
             if not entity.is_polymer:
                 continue
-            key = entity.sequence_hash()
+            key = (entity.sequence_hash(), entity.msa or "")
             row = rows.setdefault(
                 key,
-                {"chain_hash": key, "entity_type": entity.entity_type, "length": len(entity.sequence or ""),
-                 "n_chains": 0, "msa": entity.msa or "", "sequence": entity.sequence},
+                {"chain_hash": key[0], "entity_type": entity.entity_type, "length": len(entity.sequence or ""),
+                 "n_chains": 0, "msa": key[1], "sequence": entity.sequence},
             )
             row["n_chains"] = int(row["n_chains"]) + entity.copies
-            if not row["msa"] and entity.msa:
-                row["msa"] = entity.msa
     return pd.DataFrame(list(rows.values()), columns=["chain_hash", "entity_type", "length", "n_chains", "msa", "sequence"])
 
 
@@ -198,3 +204,15 @@ def read_worklist_table(path: str | Path, columns: Sequence[str] = ("spec",)) ->
 def load_worklist(path: str | Path) -> list[Target]:
     """Rebuild the Targets of a worklist written by `write_worklist` (TSV or Parquet)."""
     return [Target.from_json(spec) for spec in read_worklist_table(path)["spec"]]
+
+
+def read_rejects(path: str | Path) -> pd.DataFrame:
+    """A worklist rejects table written by `write_worklist` (all columns as text)."""
+    try:
+        table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
+    except (OSError, ValueError) as error:
+        raise FoldmillError(f"{path}: cannot read the worklist rejects: {error}") from None
+    missing = [column for column in REJECT_COLUMNS if column not in table.columns]
+    if missing:
+        raise FoldmillError(f"{path}: not a worklist rejects table (no column {missing[0]!r})")
+    return table[REJECT_COLUMNS]
