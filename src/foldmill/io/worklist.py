@@ -32,6 +32,7 @@ from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.chemistry import ccd_heavy_atom_count, smiles_heavy_atom_count
 from foldmill.io.readers import FASTA_SUFFIXES, SHEET_SUFFIXES, YAML_SUFFIXES, read_inputs
+from foldmill.io.tables import read_table
 from foldmill.io.targets import ENTITY_TYPES, Entity, Target, validate_target
 
 log = logging.getLogger(__name__)
@@ -206,13 +207,7 @@ def load_worklist(path: str | Path) -> list[Target]:
     return [Target.from_json(spec) for spec in read_worklist_table(path)["spec"]]
 
 
+
 def read_rejects(path: str | Path) -> pd.DataFrame:
     """A worklist rejects table written by `write_worklist` (all columns as text)."""
-    try:
-        table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    except (OSError, ValueError) as error:
-        raise FoldmillError(f"{path}: cannot read the worklist rejects: {error}") from None
-    missing = [column for column in REJECT_COLUMNS if column not in table.columns]
-    if missing:
-        raise FoldmillError(f"{path}: not a worklist rejects table (no column {missing[0]!r})")
-    return table[REJECT_COLUMNS]
+    return read_table(path, REJECT_COLUMNS, "worklist rejects table")

@@ -40,8 +40,8 @@ from pathlib import Path
 import pandas as pd
 
 from foldmill.errors import FoldmillError, InputError
-from foldmill.io.atomic import atomic_path
 from foldmill.io.hashing import file_sha256
+from foldmill.io.tables import read_table, write_tables
 from foldmill.io.targets import Entity
 from foldmill.io.worklist import load_worklist
 from foldmill.msa import mmseqs
@@ -130,24 +130,12 @@ def targets_by_msa_key(worklist_tsv: str | Path | None) -> dict[MSAKey, list[str
 
 def read_msa_manifest(path: str | Path) -> pd.DataFrame:
     """An msa_manifest.tsv written by `stage_msas` (depth as int, the rest text)."""
-    table = _read_table(path, MANIFEST_COLUMNS, "MSA manifest")
-    return table.astype({"depth": int})
+    return read_table(path, MANIFEST_COLUMNS, "MSA manifest").astype({"depth": int})
 
 
 def read_msa_rejects(path: str | Path) -> pd.DataFrame:
     """An msa_rejects.tsv written by `stage_msas` (all text)."""
-    return _read_table(path, REJECT_COLUMNS, "MSA rejects table")
-
-
-def _read_table(path: str | Path, columns: list[str], what: str) -> pd.DataFrame:
-    try:
-        table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    except (OSError, ValueError) as error:
-        raise FoldmillError(f"{path}: cannot read the {what}: {error}") from None
-    missing = [column for column in columns if column not in table.columns]
-    if missing:
-        raise FoldmillError(f"{path}: not a foldmill {what} (no column {missing[0]!r}); stage it again")
-    return table[columns]
+    return read_table(path, REJECT_COLUMNS, "MSA rejects table")
 
 
 def _digest(text: str) -> str:
@@ -264,14 +252,6 @@ def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) ->
         f"msa: {len(alone)} of {len(proteins)} protein chains (distinct sequence and MSA) "
         f"have single-sequence MSAs ({why})"
     )
-
-
-def write_tables(tables: dict[str | Path | None, pd.DataFrame]) -> None:
-    """Write each table as TSV atomically (a None path is skipped)."""
-    for path, table in tables.items():
-        if path is not None:
-            with atomic_path(path) as tmp:
-                table.to_csv(tmp, sep="\t", index=False)
 
 
 def search_msas(queries: dict[str, str], config: MSAStagingConfig, cache_root: Path) -> dict[str, MSA]:

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, FilterConfig, failure_counts  # noqa: E402
+from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint  # noqa: E402
 
 TYPE_COLOURS = {"monomer": "tab:blue", "complex": "tab:orange"}
 PASS_COLOURS = {True: "tab:green", False: "tab:red"}
@@ -144,6 +145,7 @@ TABLE_COLUMNS = {
     "n_tokens": "tokens",
     "seconds": "seconds",
     "reason": "reason",
+    "warnings": "warnings",
 }
 
 
@@ -157,10 +159,13 @@ def write_target_table(result: pd.DataFrame, path: str | Path) -> None:
     style = (
         "<style>table.targets{border-collapse:collapse;font:13px sans-serif}"
         "table.targets td,table.targets th{border:1px solid #ccc;padding:2px 6px}"
-        "table.targets th{background:#eee}</style>"
+        "table.targets th{background:#eee}p.demo{background:#c00;color:#fff;padding:6px;font:bold 15px sans-serif}"
+        "</style>"
     )
+    demo = int(result["model"].map(is_demo_checkpoint).sum())
+    banner = f"<p class='demo'>WARNING: {demo} target(s) folded by the {DEMO_WARNING}.</p>" if demo else ""
     Path(path).write_text(
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Targets</title>{style}</head><body>"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Targets</title>{style}</head><body>{banner}"
         f"<p>{int(result['passed'].sum())} of {len(result)} targets passed.</p>{html}</body></html>\n",
         encoding="utf-8",
     )
