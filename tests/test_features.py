@@ -155,9 +155,8 @@ def test_staged_manifests(tmp_path, data_dir):
     deletions = np.zeros((3, 20), dtype=np.int32)
     deletions[1, 1] = 2
     MSA(rows, deletions, np.array(["", "k1", "k2"])).save(tmp_path / "a.npz")
-    write_tsv(
-        tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], path=[str(tmp_path / "a.npz")]
-    )
+    npz = str(tmp_path / "a.npz")
+    write_tsv(tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], path=[npz])
     write_tsv(
         tmp_path / "templates_manifest.tsv",
         target_id=["dimer", "other"],

@@ -105,7 +105,8 @@ def run_dir(tmp_path_factory):
     msa_config = MSAStagingConfig(mode="single_sequence")
     stage_msas(out / "worklist" / "unique_chains.tsv", staged / "msa_manifest.tsv", msa_config, worklist,
                staged / "msa_rejects.tsv")  # fmt: skip
-    stage_templates(worklist, staged / "templates_manifest.tsv", TemplateStagingConfig(), staged / "templates_rejects.tsv")
+    template_config = TemplateStagingConfig()
+    stage_templates(worklist, staged / "templates_manifest.tsv", template_config, staged / "templates_rejects.tsv")
     (out / "shards").mkdir()
     predictions = {}
     for target_id in METRICS:
@@ -430,6 +431,7 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
     table = base64.b64decode(by_name["targets.html"]["data_uri"].split("base64,", 1)[1]).decode()
     assert "3 of 9 targets passed" in table and all(f"<td>{t}</td>" in table for t in METRICS)
     summary = read_summary(out / "summary.tsv").set_index("target_id")
-    assert summary.loc["bad_letter", "status"] == "rejected" and "unknown residue" in summary.loc["bad_letter", "status_reason"]
+    refused = summary.loc["bad_letter"]
+    assert refused["status"] == "rejected" and "unknown residue" in refused["status_reason"]
     assert summary.loc["mono_hi", ["msa_depth", "msa_source"]].tolist() == ["A:1", "A:single_sequence"]
     assert "min_iptm</tt> 0.3" in html  # the workflow description states the thresholds used

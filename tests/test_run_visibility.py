@@ -50,14 +50,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, repo: Path) ->
         ("broken", "MK2", "", "", ""),
     ]
     header = "target_id\tentity_type\tchain_ids\tsequence\tmsa\ttemplate\ttemplate_chain_ids\n"
-    sheet = header + "".join(f"{tid}\tprotein\tA\t{seq}\t{msa}\t{tmpl}\t{chains}\n" for tid, seq, msa, tmpl, chains in rows)
+    sheet = header + "".join(f"{row[0]}\tprotein\tA\t" + "\t".join(row[1:]) + "\n" for row in rows)
     (root / "targets.tsv").write_text(sheet)
     out = root / "results"
     config = {"outdir": str(out), "inputs": [str(root / "targets.tsv")], "skip_bad": True, **CI_CONFIG}
     config["msa"] = {"mode": "auto", "database": ""}
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     wanted = [out / "summary.tsv", out / "export", out / "report" / "targets.html"]
-    command = [sys.executable, "-m", "snakemake", *map(str, wanted), "--cores", "2", "--configfile", str(root / "config.yaml")]
+    command = [sys.executable, "-m", "snakemake", *wanted, "--cores", "2", "--configfile", root / "config.yaml"]
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = read_summary(out / "summary.tsv").set_index("target_id")
@@ -97,8 +97,9 @@ def test_msa_depth_and_source_per_chain(run: dict, data_dir: Path) -> None:
     depth = len({str(r.seq).replace("-", "").upper() for r in records})
     assert depth == 3348
     summary = run["summary"]
-    assert summary.loc["hb_user", ["msa_depth", "msa_source", "min_msa_depth"]].tolist() == [f"A:{depth}", "A:user", depth]
-    assert summary.loc["hb_plain", ["msa_depth", "msa_source", "min_msa_depth"]].tolist() == ["A:1", "A:single_sequence", 1]
+    columns = ["msa_depth", "msa_source", "min_msa_depth"]
+    assert summary.loc["hb_user", columns].tolist() == [f"A:{depth}", "A:user", depth]
+    assert summary.loc["hb_plain", columns].tolist() == ["A:1", "A:single_sequence", 1]
     # The staging manifest holds two MSAs for the hemoglobin sequence, one per MSA given with it.
     manifest = read_msa_manifest(run["out"] / "staged/msa_manifest.tsv")
     chain_hash = Entity("protein", ("A",), sequence=run["hemoglobin"]).sequence_hash()

@@ -175,7 +175,7 @@ def stage_msas(
     rows: dict[MSAKey, dict[str, object]] = {}
     rejects: list[dict[str, str]] = []
     to_search: dict[str, str] = {}  # chain_hash -> sequence
-    users = targets_by_msa_key(worklist_tsv)
+    users: dict[MSAKey, list[str]] | None = None  # read from the worklist at the first reject
 
     def stage(key: MSAKey, kind: str, path: Path, source: str) -> None:
         rows[key] = {
@@ -184,6 +184,8 @@ def stage_msas(
         }  # fmt: skip
 
     def reject(key: MSAKey, source: str, problem: str) -> None:
+        nonlocal users
+        users = targets_by_msa_key(worklist_tsv) if users is None else users
         log.warning("MSA %s of chain %s rejected: %s: %s", key[1] or "(none given)", key[0], source, problem)
         target_ids = ",".join(users.get(key, []))
         rejects.append(

@@ -27,7 +27,7 @@ from foldmill.errors import FoldmillError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.targets import Target
 from foldmill.io.worklist import read_rejects
-from foldmill.msa.staging import msa_key, read_msa_manifest, read_msa_rejects
+from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
 from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint
@@ -49,8 +49,8 @@ SUMMARY_COLUMNS = [
     "n_tokens",
     "chain_lengths",  # "A:120,B:120,C:1" (residues; a ligand counts one)
     "composition",  # "protein:2,ligand:1"
-    "msa_depth",  # rows of each protein chain's staged MSA, query included: "A:3712,B:1" (0 = rejected)
-    "msa_source",  # "A:user,B:single_sequence" (user | search | single_sequence | rejected)
+    "msa_depth",  # rows of each protein chain's staged MSA, query included: "A:3712,B:1" (0 = none staged)
+    "msa_source",  # "A:user,B:single_sequence" (user | search | single_sequence | rejected | none)
     "min_msa_depth",  # lowest depth over the protein chains (1 = a chain folded from its sequence alone)
     *CONFIDENCE_SCALARS,
     "chains_ptm",  # "A:0.81,B:0.77"
@@ -97,6 +97,9 @@ def read_fold_table(path: str | Path) -> pd.DataFrame:
     return table[list(FOLD_TABLE_COLUMNS)]
 
 
+_STAGED_FILES = ("msa_manifest.tsv", "msa_rejects.tsv", "templates_rejects.tsv")
+
+
 @dataclass(frozen=True)
 class RunRecords:
     """What a workflow run refused or staged on the way to folding (each optional: None = not known)."""
@@ -114,15 +117,12 @@ class RunRecords:
         return cls(*(path if path.is_file() else None for path in paths))
 
 
-_STAGED_FILES = ("msa_manifest.tsv", "msa_rejects.tsv", "templates_rejects.tsv")
-
-
 @dataclass
 class _Staged:
     """RunRecords read: MSA depth/source and rejects by msa_key, template notes by target."""
 
-    msas: dict[tuple[str, str], tuple[int, str]] | None
-    msa_rejects: dict[tuple[str, str], str]
+    msas: dict[MSAKey, tuple[int, str]] | None  # None: no manifest, no MSA columns
+    msa_rejects: dict[MSAKey, str]
     template_notes: dict[str, list[str]]
 
     @classmethod
