@@ -26,7 +26,7 @@ from foldmill.errors import InputError
 from foldmill.features.template_features import ChainTemplate
 from foldmill.io.targets import Entity, Target
 from foldmill.msa.parse import read_msa
-from foldmill.msa.staging import MSAKey, msa_key
+from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.msa.types import MSA
 from foldmill.templates.types import TemplateAlignment
 
@@ -111,12 +111,9 @@ def _keyed(path: Path | None, column: str) -> dict[MSAKey, str]:
 
 @functools.lru_cache(maxsize=16)
 def _read_keyed(path: str, _mtime: int, column: str) -> dict[MSAKey, str]:
-    """msa_key -> `column` of an MSA manifest or rejects table; cached per file version (a proteome run
-    featurizes many targets)."""
-    table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    missing = [c for c in ("chain_hash", "given_msa", column) if c not in table.columns]
-    if missing:
-        raise InputError(path, "header", f"missing column(s) {', '.join(missing)}; stage the MSAs again")
+    """msa_key -> `column` ("path" of the MSA manifest, "problem" of the MSA rejects); cached per file
+    version (a proteome run featurizes many targets)."""
+    table = read_msa_manifest(path) if column == "path" else read_msa_rejects(path)
     return dict(zip(zip(table["chain_hash"], table["given_msa"]), table[column]))
 
 
