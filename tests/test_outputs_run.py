@@ -381,7 +381,8 @@ def _rules_run(log: str) -> set[str]:
 
 
 def _write_config(root: Path, thresholds: dict, tar_gz: bool) -> None:
-    config = {"outdir": "out", "inputs": ["targets.tsv"], "filters": thresholds, "export": {"tar_gz": tar_gz}}
+    config = {"outdir": "out", "inputs": ["targets.tsv"], "filters": thresholds, "export": {"tar_gz": tar_gz},
+              "model": {"checkpoint": "demo"}}  # fmt: skip
     (root / "config.yaml").write_text(yaml.safe_dump(config))
 
 
@@ -435,3 +436,4 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
     assert refused["status"] == "rejected" and "unknown residue" in refused["status_reason"]
     assert summary.loc["mono_hi", ["msa_depth", "msa_source"]].tolist() == ["A:1", "A:single_sequence"]
     assert "min_iptm</tt> 0.3" in html  # the workflow description states the thresholds used
+    assert "This run used the demo model with random weights: NOT a trained model" in html
