@@ -11,6 +11,11 @@ rule summary:
         # The fold tables of every shard the `shards` checkpoint wrote (a lambda keeps --lint clean).
         fold=lambda wildcards: [OUTDIR / f"fold/{s}.tsv" for s in shard_ids(wildcards)],
         worklist=OUTDIR / "worklist/worklist.tsv",
+        # What was refused on the way, so every target given appears with its status and reason.
+        worklist_rejects=OUTDIR / "worklist/rejects.tsv",
+        msa_manifest=OUTDIR / "staged/msa_manifest.tsv",
+        msa_rejects=OUTDIR / "staged/msa_rejects.tsv",
+        template_rejects=OUTDIR / "staged/templates_rejects.tsv",
     output:
         tsv=OUTDIR / "summary.tsv",
         parquet=OUTDIR / "summary.parquet",

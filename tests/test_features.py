@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from foldmill.errors import InputError
+from foldmill.errors import FoldmillError, InputError
 from foldmill.features import FeaturizedTarget, StagedInputs, featurize, stack_featurized
 from foldmill.features import ccd
 from foldmill.features.msa_features import ChainMSA, pair_rows
@@ -153,7 +153,10 @@ def test_staged_manifests(tmp_path, data_dir):
     deletions = np.zeros((3, 20), dtype=np.int32)
     deletions[1, 1] = 2
     MSA(rows, deletions, np.array(["", "k1", "k2"])).save(tmp_path / "a.npz")
-    write_tsv(tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], path=[str(tmp_path / "a.npz")])
+    write_tsv(
+        tmp_path / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], entity_type=["protein"],
+        path=[str(tmp_path / "a.npz")], depth=[3], source=["search"],
+    )  # fmt: skip
     write_tsv(
         tmp_path / "templates_manifest.tsv",
         target_id=["dimer", "other"],
@@ -172,11 +175,19 @@ def test_staged_manifests(tmp_path, data_dir):
     assert features["visibility_ids"][0, 0, 0] == -1 and features["visibility_ids"][0, 0, 20] == 0
     assert features["template_force"].tolist() == [[True]] and features["template_force_threshold"].tolist() == [[2.5]]
 
-    write_tsv(tmp_path / "msa_rejects.tsv", chain_hash=[entity.sequence_hash()], problem=["bad row"])
+    write_tsv(
+        tmp_path / "msa_rejects.tsv", chain_hash=[entity.sequence_hash()], given_msa=[""], target_ids=["dimer"],
+        source=["a.a3m"], problem=["bad row"],
+    )  # fmt: skip
     with pytest.raises(InputError, match="MSA rejected by staging: bad row"):
         featurize(target, StagedInputs.from_manifests(tmp_path, target))
+    # A manifest without the given-MSA column (older staging) is a one-line error, not a silent fallback.
+    (tmp_path / "old").mkdir()
+    write_tsv(tmp_path / "old" / "msa_manifest.tsv", chain_hash=[entity.sequence_hash()], path=["a.npz"])
+    with pytest.raises(FoldmillError, match="not a foldmill MSA manifest \\(no column 'given_msa'\\)"):
+        StagedInputs.from_manifests(tmp_path / "old", target)
     short = make_target(protein(TRP_CAGE[:10]))
-    mismatch = StagedInputs(msa_paths={short.entities[0].sequence_hash(): tmp_path / "a.npz"})
+    mismatch = StagedInputs(msa_paths={(short.entities[0].sequence_hash(), ""): tmp_path / "a.npz"})
     with pytest.raises(InputError, match="staged MSA has 20 columns"):
         featurize(short, mismatch)
 

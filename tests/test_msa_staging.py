@@ -18,8 +18,10 @@ import pandas as pd
 import pytest
 
 from foldmill.errors import FoldmillError
+from foldmill.features.staged import StagedInputs
+from foldmill.io.worklist import load_worklist
 from foldmill.msa.parse import read_msa
-from foldmill.msa.staging import MANIFEST_COLUMNS, MSAStagingConfig, stage_msas
+from foldmill.msa.staging import MANIFEST_COLUMNS, MSAStagingConfig, read_msa_manifest, stage_msas
 from foldmill.msa.types import MSA
 from foldmill.templates.search import structure_files, write_seqres
 from foldmill.templates.structure import read_template
@@ -66,6 +68,9 @@ def run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, repo: Path) ->
         ("empty_and_dna", "dna", "ACGTACGT", "", "B"),
         ("user_msa", "protein", hemoglobin, str(msa_dir / "1a00_A_uniref90.a3m"), "A"),
         ("bad_msa", "protein", BAD_SEQUENCE, str(msa_dir / "seq2.a3m"), "A"),
+        # Same sequences as `bad_msa` and extra.fasta's seq1_query, one without an MSA, one with its own.
+        ("bad_plain", "protein", BAD_SEQUENCE, "", "A"),
+        ("seq1_user", "protein", seq1_query, str(msa_dir / "seq1.a3m"), "A"),
     ]
     sheet = "target_id\tentity_type\tsequence\tmsa\tchain_ids\n" + "".join("\t".join(r) + "\n" for r in rows)
     (root / "targets.tsv").write_text(sheet)
@@ -96,23 +101,43 @@ def test_every_chain_staged_or_rejected(run: dict) -> None:
     manifest = pd.read_csv(staged / "msa_manifest.tsv", sep="\t", dtype={"chain_hash": str})
     rejects = pd.read_csv(staged / "msa_rejects.tsv", sep="\t", dtype=str)
     assert list(manifest.columns) == MANIFEST_COLUMNS
-    assert len(manifest) + len(rejects) == len(chains) == 94 + 2 + 2 + 1 + 1
-    assert manifest["chain_hash"].is_unique
+    assert len(manifest) + len(rejects) == len(chains) == 94 + 2 + 2 + 1 + 1 + 2
+    assert not manifest.duplicated(["chain_hash", "given_msa"]).any()
+    sequences = dict(zip(chains["chain_hash"], chains["sequence"]))
     for row in manifest.itertuples():
         msa = MSA.load(row.path)
-        assert msa.depth == row.depth
-        sequence = chains.set_index("chain_hash").loc[row.chain_hash, "sequence"]
-        assert msa.query == sequence
+        assert msa.depth == row.depth and msa.query == sequences[row.chain_hash]
     by_source = manifest.groupby("source")["chain_hash"].count().to_dict()
-    assert by_source == {"search": 96, "single_sequence": 2, "user": 1}
-    assert rejects["target_ids"].tolist() == ["bad_msa"]
+    assert by_source == {"search": 97, "single_sequence": 2, "user": 2}
+    assert rejects["target_ids"].tolist() == ["bad_msa"]  # not bad_plain, which has the same sequence
+    assert rejects["given_msa"].iloc[0].endswith("seq2.a3m")
     assert "seq2.a3m" in rejects["source"].iloc[0] and "query" in rejects["problem"].iloc[0]
+
+
+def test_user_msa_serves_only_the_target_that_gave_it(run: dict, data_dir: Path) -> None:
+    """seq1_user gave seq1.a3m; seq1_query (same sequence, no MSA) gets the searched MSA, not the user's."""
+    worklist = {t.target_id: t for t in load_worklist(run["root"] / "results" / "worklist" / "worklist.tsv")}
+    user = StagedInputs.from_manifests(run["root"] / "results", worklist["seq1_user"])
+    searched = StagedInputs.from_manifests(run["root"] / "results", worklist["seq1_query"])
+    user_msa = user.msa(worklist["seq1_user"], worklist["seq1_user"].entities[0], 8192)
+    searched_msa = searched.msa(worklist["seq1_query"], worklist["seq1_query"].entities[0], 8192)
+    assert user_msa.depth == read_msa(data_dir / "msas" / "seq1.a3m").depth
+    assert (searched_msa.keys[1:] == f"taxid:{SOURCE_TAXID['seq1']}").mean() >= 0.95  # the search's own rows
+    assert not (user_msa.keys == f"taxid:{SOURCE_TAXID['seq1']}").any()
+    manifest = read_msa_manifest(run["staged"] / "msa_manifest.tsv")
+    seq1 = manifest[manifest["chain_hash"] == worklist["seq1_user"].entities[0].sequence_hash()]
+    assert sorted(seq1["source"]) == ["search", "user"]
+    bad_plain = StagedInputs.from_manifests(run["root"] / "results", worklist["bad_plain"])
+    assert bad_plain.msa(worklist["bad_plain"], worklist["bad_plain"].entities[0], 8192).query == BAD_SEQUENCE
 
 
 def test_one_batched_search_finds_homologs(run: dict) -> None:
     log = (run["root"] / "results" / "logs" / "stage_msas.log").read_text()
     assert len(re.findall(r"running \S*mmseqs search ", log)) == 1
-    assert "searching 96 chains" in log
+    assert "searching 97 chains" in log
+    # Chains whose only hit was themselves: said once, with the count.
+    warning = r"msa: \d+ of 100 protein chains \(distinct sequence and MSA\) have single-sequence MSAs \(the search"
+    assert len(re.findall(warning, log)) == 1
     manifest = pd.read_csv(run["staged"] / "msa_manifest.tsv", sep="\t", dtype={"chain_hash": str})
     for row in manifest[manifest["source"] == "search"].itertuples():
         msa = MSA.load(row.path)
@@ -154,7 +179,7 @@ def test_cache_reuse_and_modes(run: dict, tmp_path: Path) -> None:
     cache = run["staged"] / "cache" / "msa"
     config = MSAStagingConfig(database=str(run["root"] / "db.fasta"), cache_dir=str(cache))
     again = stage_msas(chains, tmp_path / "a" / "msa_manifest.tsv", config)
-    assert again.searched == 0 and len(again.manifest) == 99
+    assert again.searched == 0 and len(again.manifest) == 101
     original = pd.read_csv(run["staged"] / "msa_manifest.tsv", sep="\t", dtype={"chain_hash": str})
     assert again.manifest["path"].tolist() == original["path"].tolist()
 
@@ -163,7 +188,7 @@ def test_cache_reuse_and_modes(run: dict, tmp_path: Path) -> None:
     assert set(single.manifest["source"]) == {"single_sequence", "user"}
 
     user_only = stage_msas(chains, tmp_path / "c" / "msa_manifest.tsv", MSAStagingConfig(mode="user_only"))
-    assert len(user_only.rejects) == 96 + 1
+    assert len(user_only.rejects) == 97 + 1
     assert "user_only" in user_only.rejects["problem"].iloc[0]
 
     with pytest.raises(FoldmillError, match="msa.database is not set"):

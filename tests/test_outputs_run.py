@@ -22,6 +22,7 @@ from foldmill.cli import main as cli_main
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import read_ledger
 from foldmill.io.worklist import build_worklist, write_worklist
+from foldmill.msa.staging import MSAStagingConfig, stage_msas
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import (
     FilterConfig,
@@ -34,6 +35,7 @@ from foldmill.outputs.filters import (
 from foldmill.outputs.summary import SUMMARY_COLUMNS, build_summary, read_summary, write_summary
 from foldmill.outputs.synthetic import synthetic_prediction
 from foldmill.outputs.writer import DONE_MARKER, write_prediction
+from foldmill.templates.staging import TemplateStagingConfig, stage_templates
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,13 +94,20 @@ def _prediction(target_id: str):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A workdir as the fold rule would leave it: worklist, shards, two fold tables, predictions."""
+    """A workdir as the fold rule would leave it: worklist (one record refused), staged MSAs and
+    templates, shards, two fold tables, predictions."""
     root = tmp_path_factory.mktemp("run")
     sheet = root / "targets.tsv"
     lines = ["target_id\tentity_type\tsequence\tccd\tchain_ids\tmsa"] + ["\t".join(row) + "\tempty" for row in SHEET]
-    sheet.write_text("\n".join(lines) + "\n")
+    sheet.write_text("\n".join([*lines, "bad_letter\tprotein\tMK2\t\tA\tempty"]) + "\n")
     out = root / "out"
-    write_worklist(build_worklist([sheet]), out / "worklist", write_rejects=False)
+    write_worklist(build_worklist([sheet], skip_bad=True), out / "worklist", write_rejects=True)
+    worklist, staged = out / "worklist" / "worklist.tsv", out / "staged"
+    msa_config = MSAStagingConfig(mode="single_sequence")
+    stage_msas(out / "worklist" / "unique_chains.tsv", staged / "msa_manifest.tsv", msa_config, worklist,
+               staged / "msa_rejects.tsv")  # fmt: skip
+    template_config = TemplateStagingConfig()
+    stage_templates(worklist, staged / "templates_manifest.tsv", template_config, staged / "templates_rejects.tsv")
     (out / "shards").mkdir()
     predictions = {}
     for target_id in METRICS:
@@ -327,7 +336,7 @@ def test_cli_summary_filter_export(in_run_dir, tmp_path, capsys):
     config.write_text(yaml.safe_dump({"filters": THRESHOLDS}))
     args = ["--config", str(config), "--set", "complex.min_iptm=0.3", "--set", "complex.min_chain_ptm=null"]
     assert cli_main(["filter", str(tmp_path / "summary.parquet"), "-o", str(tmp_path / "filter"), *args]) == 0
-    assert "3 of 8 targets passed" in capsys.readouterr().out
+    assert "3 of 9 targets passed" in capsys.readouterr().out  # the refused record counts
     passed = pd.read_csv(tmp_path / "filter/passed.tsv", sep="\t")["target_id"].tolist()
     assert passed == ["mono_hi", "cx_ok", "cx_bad"]
     assert cli_main(["export", str(tmp_path / "filter"), "-o", str(tmp_path / "export"), "--tar-gz", *args]) == 0
@@ -426,5 +435,10 @@ def test_snakemake_rules_rerun_on_thresholds_and_render_the_report(run_dir):
         assert entry["caption"].strip(), name
     assert base64.b64decode(by_name["ptm_vs_iptm.png"]["data_uri"].split("base64,", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     table = base64.b64decode(by_name["targets.html"]["data_uri"].split("base64,", 1)[1]).decode()
-    assert "3 of 8 targets passed" in table and all(f"<td>{t}</td>" in table for t in METRICS)
+    assert "3 of 9 targets passed" in table and all(f"<td>{t}</td>" in table for t in METRICS)
+    summary = read_summary(out / "summary.tsv").set_index("target_id")
+    refused = summary.loc["bad_letter"]
+    assert refused["status"] == "rejected" and "unknown residue" in refused["status_reason"]
+    assert summary.loc["mono_hi", ["msa_depth", "msa_source"]].tolist() == ["A:1", "A:single_sequence"]
     assert "min_iptm</tt> 0.3" in html  # the workflow description states the thresholds used
+    assert "This run used the demo model with random weights: NOT a trained model" in html

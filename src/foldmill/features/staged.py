@@ -1,9 +1,11 @@
-"""What staging produced for one target: MSAs by chain hash and template alignments by chain.
+"""What staging produced for one target: MSAs by `msa_key` and template alignments by chain.
 
 Two ways to get it:
 - `StagedInputs.from_manifests(OUTDIR, target)` in the workflow: reads
-  `OUTDIR/staged/msa_manifest.tsv` (chain_hash, path, ...), `msa_rejects.tsv` and
-  `templates_manifest.tsv` (target_id, chain_id, path, force, threshold, ...);
+  `OUTDIR/staged/msa_manifest.tsv` (chain_hash, given_msa, path, ...), `msa_rejects.tsv` and
+  `templates_manifest.tsv` (target_id, chain_id, path, force, threshold, ...). A chain's MSA is the
+  one staged for its sequence together with the MSA its own input named (msa.staging.msa_key),
+  never one given with the same sequence by another target;
 - `StagedInputs.from_target(target)` for a direct `foldmill fold` on an input file: MSAs are read
   from the paths the target names (A3M / CSV / Stockholm), templates aligned on the spot.
 Chains with neither a staged MSA nor an MSA file are featurized single-sequence.
@@ -24,6 +26,7 @@ from foldmill.errors import InputError
 from foldmill.features.template_features import ChainTemplate
 from foldmill.io.targets import Entity, Target
 from foldmill.msa.parse import read_msa
+from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.msa.types import MSA
 from foldmill.templates.types import TemplateAlignment
 
@@ -34,8 +37,8 @@ TEMPLATES_MANIFEST = "templates_manifest.tsv"
 
 @dataclass
 class StagedInputs:
-    msa_paths: dict[str, Path] = field(default_factory=dict)  # chain hash -> staged MSA (.npz)
-    msa_rejects: dict[str, str] = field(default_factory=dict)  # chain hash -> why staging refused it
+    msa_paths: dict[MSAKey, Path] = field(default_factory=dict)  # msa_key -> staged MSA (.npz)
+    msa_rejects: dict[MSAKey, str] = field(default_factory=dict)  # msa_key -> why staging refused it
     templates: list[ChainTemplate] = field(default_factory=list)
 
     @classmethod
@@ -56,10 +59,11 @@ class StagedInputs:
         itself, or a mapping with keys "msa", "msa_rejects", "templates" naming manifest files.
         """
         paths = _manifest_paths(source)
-        hashes = {entity.sequence_hash() for entity in target.entities}
-        msa_paths = {h: Path(p) for h, p in _table(paths.get("msa"), ("chain_hash", "path")) if h in hashes}
-        rejected = _table(paths.get("msa_rejects"), ("chain_hash", "problem"))
-        rejects = {h: problem for h, problem in rejected if h in hashes}
+        keys = {msa_key(entity) for entity in target.entities if entity.is_polymer}
+        staged = _keyed(paths.get("msa"), "path")
+        rejected = _keyed(paths.get("msa_rejects"), "problem")
+        msa_paths = {key: Path(staged[key]) for key in keys if key in staged}
+        rejects = {key: rejected[key] for key in keys if key in rejected}
         templates = []
         for row in _rows(paths.get("templates"), target.target_id):
             alignment = TemplateAlignment.load(row["path"])
@@ -69,12 +73,12 @@ class StagedInputs:
 
     def msa(self, target: Target, entity: Entity, max_depth: int) -> MSA | None:
         """The MSA of a protein entity (None = single sequence); InputError if unusable."""
-        chain_hash = entity.sequence_hash()
-        if chain_hash in self.msa_rejects:
-            problem = f"chain {entity.chain_ids[0]}: MSA rejected by staging: {self.msa_rejects[chain_hash]}"
+        key = msa_key(entity)
+        if key in self.msa_rejects:
+            problem = f"chain {entity.chain_ids[0]}: MSA rejected by staging: {self.msa_rejects[key]}"
             raise InputError(target.source, target.record, problem)
-        if chain_hash in self.msa_paths:
-            path = self.msa_paths[chain_hash]
+        if key in self.msa_paths:
+            path = self.msa_paths[key]
             try:
                 msa = MSA.load(path)
             except (OSError, ValueError, KeyError) as error:
@@ -99,20 +103,18 @@ def _manifest_paths(source: str | Path | Mapping[str, str | Path]) -> dict[str, 
     return {"msa": folder / MSA_MANIFEST, "msa_rejects": folder / MSA_REJECTS, "templates": folder / TEMPLATES_MANIFEST}
 
 
-def _table(path: Path | None, columns: tuple[str, str]) -> list[tuple[str, str]]:
+def _keyed(path: Path | None, column: str) -> dict[MSAKey, str]:
     if path is None or not path.is_file():
-        return []
-    return _read_pairs(str(path), os.stat(path).st_mtime_ns, columns)
+        return {}
+    return _read_keyed(str(path), os.stat(path).st_mtime_ns, column)
 
 
 @functools.lru_cache(maxsize=16)
-def _read_pairs(path: str, _mtime: int, columns: tuple[str, str]) -> list[tuple[str, str]]:
-    """(key, value) rows of a manifest; cached per file version (proteome runs featurize many targets)."""
-    table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise InputError(path, "header", f"missing column(s) {', '.join(missing)}")
-    return list(zip(table[columns[0]], table[columns[1]]))
+def _read_keyed(path: str, _mtime: int, column: str) -> dict[MSAKey, str]:
+    """msa_key -> `column` ("path" of the MSA manifest, "problem" of the MSA rejects); cached per file
+    version (a proteome run featurizes many targets)."""
+    table = read_msa_manifest(path) if column == "path" else read_msa_rejects(path)
+    return dict(zip(zip(table["chain_hash"], table["given_msa"]), table[column]))
 
 
 def _rows(path: Path | None, target_id: str) -> list[dict]:

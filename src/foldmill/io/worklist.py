@@ -11,8 +11,11 @@ Columns (also documented in config/README.md):
   chain_hashes   sequence hash per polymer chain, comma-separated (equal hash = same MSA)
   source         input file and record
   spec           canonical JSON of the Target (rebuild with Target.from_json)
-Alongside, `unique_chains.tsv` lists each distinct polymer sequence once with the number of
-chains that use it, so MSAs are searched and staged once per sequence.
+Alongside, `unique_chains.tsv` lists each distinct polymer sequence once per MSA given with it
+(none, `empty` or a file), with the number of chains that use it, so MSAs are staged once per
+sequence and a user MSA serves only the chains that named it. `rejects.tsv` (REJECT_COLUMNS) has
+one row per input record that was refused: target_id (empty when the record has none), source,
+record, problem.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.chemistry import ccd_heavy_atom_count, smiles_heavy_atom_count
 from foldmill.io.readers import FASTA_SUFFIXES, SHEET_SUFFIXES, YAML_SUFFIXES, read_inputs
+from foldmill.io.tables import read_table
 from foldmill.io.targets import ENTITY_TYPES, Entity, Target, validate_target
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ WORKLIST_COLUMNS = [
     "source",
     "spec",
 ]
+REJECT_COLUMNS = ["target_id", "source", "record", "problem"]
 INPUT_SUFFIXES = FASTA_SUFFIXES | SHEET_SUFFIXES | YAML_SUFFIXES
 
 
@@ -145,32 +150,34 @@ def build_worklist(
             except InputError as error:
                 if not skip_bad:
                     raise
-                rejects.append({"source": error.source, "record": error.record or "", "problem": error.problem})
+                target_id = item.target_id if isinstance(item, Target) else ""
+                rejects.append(
+                    {"target_id": target_id, "source": error.source, "record": error.record or "",
+                     "problem": error.problem}
+                )  # fmt: skip
                 log.warning("rejected: %s", error)
                 continue
             seen[item.target_id] = f"{item.source}:{item.record}"
             targets.append(item)
             rows.append(row)
     table = pd.DataFrame(rows, columns=WORKLIST_COLUMNS)
-    return WorklistResult(targets, table, pd.DataFrame(rejects, columns=["source", "record", "problem"]))
+    return WorklistResult(targets, table, pd.DataFrame(rejects, columns=REJECT_COLUMNS))
 
 
 def unique_chains(targets: Iterable[Target]) -> pd.DataFrame:
-    """One row per distinct polymer sequence: hash, type, sequence, chains using it, given MSA."""
-    rows: dict[str, dict[str, object]] = {}
+    """One row per distinct (polymer sequence, given MSA): hash, type, sequence, chains using it, MSA."""
+    rows: dict[tuple[str, str], dict[str, object]] = {}
     for target in targets:
         for entity in target.entities:
             if not entity.is_polymer:
                 continue
-            key = entity.sequence_hash()
+            key = (entity.sequence_hash(), entity.msa or "")
             row = rows.setdefault(
                 key,
-                {"chain_hash": key, "entity_type": entity.entity_type, "length": len(entity.sequence or ""),
-                 "n_chains": 0, "msa": entity.msa or "", "sequence": entity.sequence},
+                {"chain_hash": key[0], "entity_type": entity.entity_type, "length": len(entity.sequence or ""),
+                 "n_chains": 0, "msa": key[1], "sequence": entity.sequence},
             )
             row["n_chains"] = int(row["n_chains"]) + entity.copies
-            if not row["msa"] and entity.msa:
-                row["msa"] = entity.msa
     return pd.DataFrame(list(rows.values()), columns=["chain_hash", "entity_type", "length", "n_chains", "msa", "sequence"])
 
 
@@ -213,3 +220,8 @@ def require_targets(worklist: str | Path, rejects: str | Path) -> int:
         rejected = len(read_worklist_table(rejects, columns=())) if Path(rejects).exists() else 0
         raise FoldmillError(f"no target left to fold: {rejected} rejected, see {rejects}")
     return count
+
+
+def read_rejects(path: str | Path) -> pd.DataFrame:
+    """A worklist rejects table written by `write_worklist` (all columns as text)."""
+    return read_table(path, REJECT_COLUMNS, "worklist rejects table")

@@ -1,10 +1,15 @@
 """Stage one MSA per distinct polymer chain of a worklist (rule `stage_msas`).
 
-Input: the worklist's `unique_chains.tsv` (one row per sequence hash). Output:
-  msa_manifest.tsv  chain_hash, entity_type, path, depth, source
-                    path = absolute path of an `MSA.save` .npz; source = user | search | single_sequence
-  msa_rejects.tsv   chain_hash, target_ids, source, problem   (chains whose MSA could not be staged;
-                    the targets using them must be skipped downstream)
+Input: the worklist's `unique_chains.tsv` (one row per sequence hash and MSA given with it). Output:
+  msa_manifest.tsv  chain_hash, given_msa, entity_type, path, depth, source
+                    given_msa = the MSA the input named (a file, `empty`, or empty = none);
+                    path = absolute path of an `MSA.save` .npz; depth = its rows, query included;
+                    source = user | search | single_sequence
+  msa_rejects.tsv   chain_hash, given_msa, target_ids, source, problem   (MSAs that could not be
+                    staged; the targets that named them are rejected downstream)
+A chain's staged MSA is found by `msa_key(entity)` = (sequence hash, given MSA): a user MSA serves
+only the chains that named it, and a chain with the same sequence but no MSA gets its own
+(searched or single-sequence) one.
 
 Which MSA a chain gets:
   * the chain names an MSA file (A3M / CSV / Stockholm)   -> that file, checked against the sequence (user)
@@ -36,8 +41,10 @@ import pandas as pd
 
 from foldmill.config import defaults
 from foldmill.errors import FoldmillError, InputError
-from foldmill.io.atomic import atomic_path
 from foldmill.io.hashing import file_sha256
+from foldmill.io.tables import read_table, write_tables
+from foldmill.io.targets import Entity
+from foldmill.io.worklist import load_worklist
 from foldmill.msa import mmseqs
 from foldmill.msa.keys import pairing_key
 from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, read_msa, rows_to_msa
@@ -46,8 +53,14 @@ from foldmill.msa.types import MSA
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "search", "single_sequence", "user_only")
-MANIFEST_COLUMNS = ["chain_hash", "entity_type", "path", "depth", "source"]
-REJECT_COLUMNS = ["chain_hash", "target_ids", "source", "problem"]
+MANIFEST_COLUMNS = ["chain_hash", "given_msa", "entity_type", "path", "depth", "source"]
+REJECT_COLUMNS = ["chain_hash", "given_msa", "target_ids", "source", "problem"]
+MSAKey = tuple[str, str]  # (sequence hash, MSA given with it: a file, "empty" or "")
+
+
+def msa_key(entity: Entity) -> MSAKey:
+    """Which staged MSA a polymer entity uses: its sequence together with the MSA its input named."""
+    return entity.sequence_hash(), entity.msa or ""
 
 
 @dataclass(frozen=True)
@@ -107,16 +120,25 @@ def read_chains(path: str | Path) -> pd.DataFrame:
     return table
 
 
-def targets_by_chain(worklist_tsv: str | Path | None) -> dict[str, list[str]]:
-    """chain_hash -> target ids using it, from a worklist table (for naming targets in rejects)."""
-    users: dict[str, list[str]] = defaultdict(list)
+def targets_by_msa_key(worklist_tsv: str | Path | None) -> dict[MSAKey, list[str]]:
+    """msa_key -> ids of the targets using it, from a worklist table (for naming targets in rejects)."""
+    users: dict[MSAKey, list[str]] = defaultdict(list)
     if worklist_tsv is None:
         return users
-    table = pd.read_csv(worklist_tsv, sep="\t", dtype=str, keep_default_na=False, usecols=["target_id", "chain_hashes"])
-    for target_id, hashes in zip(table["target_id"], table["chain_hashes"]):
-        for chain_hash in dict.fromkeys(h for h in hashes.split(",") if h):
-            users[chain_hash].append(target_id)
+    for target in load_worklist(worklist_tsv):
+        for key in dict.fromkeys(msa_key(e) for e in target.entities if e.is_polymer):
+            users[key].append(target.target_id)
     return users
+
+
+def read_msa_manifest(path: str | Path) -> pd.DataFrame:
+    """An msa_manifest.tsv written by `stage_msas` (depth as int, the rest text)."""
+    return read_table(path, MANIFEST_COLUMNS, "MSA manifest").astype({"depth": int})
+
+
+def read_msa_rejects(path: str | Path) -> pd.DataFrame:
+    """An msa_rejects.tsv written by `stage_msas` (all text)."""
+    return read_table(path, REJECT_COLUMNS, "MSA rejects table")
 
 
 def _digest(text: str) -> str:
@@ -145,7 +167,7 @@ def stage_msas(
     worklist_tsv: str | Path | None = None,
     rejects_path: str | Path | None = None,
 ) -> StagingResult:
-    """Stage every chain of `chains_tsv`; write the manifest (and rejects) atomically."""
+    """Stage every (chain, given MSA) of `chains_tsv`; write the manifest (and rejects) atomically."""
     started = time.perf_counter()
     mode = config.resolved_mode()
     chains = read_chains(chains_tsv)
@@ -153,23 +175,28 @@ def stage_msas(
     cache = MSACache(config.cache_dir or manifest_path.parent / "cache" / "msa")
     variant = search_variant(config) if mode == "search" else ""
 
-    rows: dict[str, dict[str, object]] = {}
+    rows: dict[MSAKey, dict[str, object]] = {}
     rejects: list[dict[str, str]] = []
     to_search: dict[str, str] = {}  # chain_hash -> sequence
-    users = targets_by_chain(worklist_tsv)
+    users: dict[MSAKey, list[str]] | None = None  # read from the worklist at the first reject
 
-    def reject(chain_hash: str, source: str, problem: str) -> None:
-        log.warning("MSA of chain %s rejected: %s: %s", chain_hash, source, problem)
+    def stage(key: MSAKey, kind: str, path: Path, source: str) -> None:
+        rows[key] = {
+            "chain_hash": key[0], "given_msa": key[1], "entity_type": kind, "path": str(path),
+            "depth": MSA.read_depth(path), "source": source,
+        }  # fmt: skip
+
+    def reject(key: MSAKey, source: str, problem: str) -> None:
+        nonlocal users
+        users = targets_by_msa_key(worklist_tsv) if users is None else users
+        log.warning("MSA %s of chain %s rejected: %s: %s", key[1] or "(none given)", key[0], source, problem)
+        target_ids = ",".join(users.get(key, []))
         rejects.append(
-            {
-                "chain_hash": chain_hash,
-                "target_ids": ",".join(users.get(chain_hash, [])),
-                "source": source,
-                "problem": problem,
-            }
+            {"chain_hash": key[0], "given_msa": key[1], "target_ids": target_ids, "source": source, "problem": problem}
         )
 
     for chain in chains.itertuples(index=False):
+        key: MSAKey = (chain.chain_hash, chain.msa)
         chain_hash, kind, sequence, given = chain.chain_hash, chain.entity_type, chain.sequence, chain.msa
         if given and given != "empty":
             try:
@@ -177,33 +204,31 @@ def stage_msas(
                 if not path.is_file():
                     read_msa(given, sequence, config.max_depth).save(path)
             except OSError as error:
-                reject(chain_hash, given, f"cannot read MSA: {error.strerror or error}")
+                reject(key, given, f"cannot read MSA: {error.strerror or error}")
                 continue
             except InputError as error:
-                reject(chain_hash, error.source, f"{error.record + ': ' if error.record else ''}{error.problem}")
+                reject(key, error.source, f"{error.record + ': ' if error.record else ''}{error.problem}")
                 continue
-            rows[chain_hash] = _row(chain_hash, kind, path, "user")
+            stage(key, kind, path, "user")
         elif given == "empty" or kind != "protein" or mode == "single_sequence":
             path = cache.path(chain_hash, "single")
             if not path.is_file():
                 MSA.single_sequence(sequence).save(path)
-            rows[chain_hash] = _row(chain_hash, kind, path, "single_sequence")
+            stage(key, kind, path, "single_sequence")
         elif mode == "user_only":
-            reject(chain_hash, str(chains_tsv), "no MSA given for this protein chain and msa.mode is user_only")
+            reject(key, str(chains_tsv), "no MSA given for this protein chain and msa.mode is user_only")
+        elif cache.path(chain_hash, variant).is_file():
+            stage(key, kind, cache.path(chain_hash, variant), "search")
         else:
-            path = cache.path(chain_hash, variant)
-            if path.is_file():
-                rows[chain_hash] = _row(chain_hash, kind, path, "search")
-            else:
-                to_search[chain_hash] = sequence
+            to_search[chain_hash] = sequence
 
     if to_search:
         for chain_hash, msa in search_msas(to_search, config, cache.root).items():
-            path = cache.path(chain_hash, variant)
-            msa.save(path)
-            rows[chain_hash] = _row(chain_hash, "protein", path, "search")
+            msa.save(cache.path(chain_hash, variant))
+            stage((chain_hash, ""), "protein", cache.path(chain_hash, variant), "search")
 
-    manifest = pd.DataFrame([rows[h] for h in chains["chain_hash"] if h in rows], columns=MANIFEST_COLUMNS)
+    order = zip(chains["chain_hash"], chains["msa"])
+    manifest = pd.DataFrame([rows[key] for key in order if key in rows], columns=MANIFEST_COLUMNS)
     reject_table = pd.DataFrame(rejects, columns=REJECT_COLUMNS)
     write_tables({manifest_path: manifest, rejects_path: reject_table})
     seconds = time.perf_counter() - started
@@ -211,25 +236,27 @@ def stage_msas(
         "staged %d MSAs (%d searched, %d rejected) in %.1f s (%.1f MSAs/s)",
         len(manifest), len(to_search), len(reject_table), seconds, len(manifest) / max(seconds, 1e-9),
     )  # fmt: skip
+    warning = single_sequence_warning(config, manifest)
+    if warning:
+        log.warning("%s", warning)
     return StagingResult(manifest, reject_table, len(to_search), seconds)
 
 
-def write_tables(tables: dict[str | Path | None, pd.DataFrame]) -> None:
-    """Write each table as TSV atomically (a None path is skipped)."""
-    for path, table in tables.items():
-        if path is not None:
-            with atomic_path(path) as tmp:
-                table.to_csv(tmp, sep="\t", index=False)
-
-
-def _row(chain_hash: str, kind: str, path: Path, source: str) -> dict[str, object]:
-    return {
-        "chain_hash": chain_hash,
-        "entity_type": kind,
-        "path": str(path),
-        "depth": MSA.read_depth(path),
-        "source": source,
-    }
+def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) -> str:
+    """One line when a run that expected searched MSAs has protein chains with only their own sequence
+    (no database configured, or no homolog found); "" otherwise. Chains given `msa: empty` do not count."""
+    if config.mode not in ("auto", "search"):
+        return ""
+    proteins = manifest[manifest["entity_type"] == "protein"]
+    alone = proteins[(proteins["depth"].astype(int) <= 1) & (proteins["source"] != "user")]
+    alone = alone[alone["given_msa"] != "empty"]
+    if alone.empty:
+        return ""
+    why = "msa.mode is auto and no msa.database is set" if not config.database else "the search found no homolog"
+    return (
+        f"msa: {len(alone)} of {len(proteins)} protein chains (distinct sequence and MSA) "
+        f"have single-sequence MSAs ({why})"
+    )
 
 
 def search_msas(queries: dict[str, str], config: MSAStagingConfig, cache_root: Path) -> dict[str, MSA]:

@@ -28,6 +28,7 @@ from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, Filt
 from foldmill.outputs.modelcif import model_label
 from foldmill.outputs.summary import SUMMARY_COLUMNS
 from foldmill.outputs.writer import record_name
+from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint
 
 MANIFEST = "manifest.tsv"
 COMMAND = "export"  # the owner named in the export folder's ledger
@@ -81,9 +82,11 @@ def write_manifest(folder: Path) -> None:
 def export_readme(filter_result: pd.DataFrame, filters: FilterConfig, options: ExportOptions, models: list[str]) -> str:
     """The export's README: what is inside and the thresholds that selected it."""
     passed = filter_result["passed"].astype(bool)
-    lines = [
-        "# foldmill high-confidence export",
-        "",
+    lines = ["# foldmill high-confidence export", ""]
+    demo = int(filter_result["model"].map(is_demo_checkpoint).sum())
+    if demo:
+        lines += [f"> **WARNING: {demo} target(s) folded by the {DEMO_WARNING}.**", ""]
+    lines += [
         f"{int(passed.sum())} of {len(filter_result)} targets passed the confidence filters (foldmill {__version__}).",
         "",
     ]
@@ -105,7 +108,7 @@ def export_readme(filter_result: pd.DataFrame, filters: FilterConfig, options: E
         values = [asdict(filters.for_type(t))[criterion.name] for t in TARGET_TYPES]
         shown = " | ".join("-" if value is None else f"{value:g}" for value in values)
         lines.append(f"| {criterion.name} ({criterion.label}) | {shown} | {counts[criterion.name]} |")
-    lines += ["", f"{counts[STATUS_FILTER]} target(s) did not fold (status failed, rejected or missing)."]
+    lines += ["", f"{counts[STATUS_FILTER]} target(s) did not fold (status failed, rejected, skipped or missing)."]
     lines += [
         "",
         "## Contents",

@@ -81,7 +81,7 @@ class FilterConfig:
 
 def apply_filters(summary: pd.DataFrame, config: FilterConfig) -> pd.DataFrame:
     """The summary with `passed` (bool), `failed_filters` (comma-separated) and `reason` added."""
-    decisions = [_decide(row, config.for_type(row["target_type"])) for row in summary.to_dict("records")]
+    decisions = [_decide(row, config) for row in summary.to_dict("records")]
     result = summary.copy()
     result["passed"] = [not failed for failed, _ in decisions]
     result["failed_filters"] = [",".join(failed) for failed, _ in decisions]
@@ -89,10 +89,11 @@ def apply_filters(summary: pd.DataFrame, config: FilterConfig) -> pd.DataFrame:
     return result
 
 
-def _decide(row: Mapping[str, Any], thresholds: Thresholds) -> tuple[list[str], str]:
-    if row["status"] != "ok":
+def _decide(row: Mapping[str, Any], config: FilterConfig) -> tuple[list[str], str]:
+    if row["status"] != "ok":  # a target refused before folding may have no type
         detail = f": {row['status_reason']}" if row.get("status_reason") else ""
         return [STATUS_FILTER], f"status {row['status']}{detail}"
+    thresholds = config.for_type(row["target_type"])
     failed, reasons = [], []
     for criterion in CRITERIA:
         threshold = getattr(thresholds, criterion.name)

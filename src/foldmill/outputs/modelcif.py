@@ -19,6 +19,7 @@ import numpy as np
 from foldmill import __version__
 from foldmill.outputs.layout import Chain
 from foldmill.outputs.prediction import Prediction
+from foldmill.provenance import DEMO_MODEL, DEMO_WARNING
 
 MODELCIF_DICT = ("mmcif_ma.dic", "1.4.9", "https://raw.githubusercontent.com/ihmwg/ModelCIF/master/dist/mmcif_ma.dic")
 POLY_TYPES = {"protein": "polypeptide(L)", "dna": "polydeoxyribonucleotide", "rna": "polyribonucleotide"}
@@ -33,8 +34,6 @@ CHEM_COMP_TYPES = {
         "D-saccharide", "L-saccharide", "saccharide", "other",
     )
 }  # fmt: skip
-DEMO_MODEL = "demo"
-DEMO_WARNING = "demo model with random weights: NOT a trained model, structure and confidences are meaningless"
 # _ma_qa_metric rows: id, name, type, mode, description.
 QA_METRICS = (
     (1, "pLDDT", "pLDDT", "global", "complex pLDDT (Boltz complex_plddt x 100)"),

@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 
 from foldmill.io.atomic import owned_files  # noqa: E402
 from foldmill.outputs.filters import CRITERIA, STATUS_FILTER, TARGET_TYPES, FilterConfig, failure_counts  # noqa: E402
+from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint  # noqa: E402
 
 PNG = str | Path | BinaryIO
 
@@ -150,6 +151,7 @@ TABLE_COLUMNS = {
     "n_tokens": "tokens",
     "seconds": "seconds",
     "reason": "reason",
+    "warnings": "warnings",
 }
 
 
@@ -157,6 +159,7 @@ TABLE_STYLE = (
     "table.targets{border-collapse:collapse;font:13px sans-serif}"
     "table.targets td,table.targets th{border:1px solid #ccc;padding:2px 6px}"
     "table.targets th{background:#eee}"
+    "p.demo{background:#c00;color:#fff;padding:6px;font:bold 15px sans-serif}"
 )
 
 
@@ -169,11 +172,18 @@ def target_table_html(result: pd.DataFrame) -> str:
     return table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3f}", escape=True, classes="targets")
 
 
+def demo_banner_html(result: pd.DataFrame) -> str:
+    """A red warning line when any target was folded by the demo model, else nothing."""
+    demo = int(result["model"].map(is_demo_checkpoint).sum()) if "model" in result else 0
+    return f"<p class='demo'>WARNING: {demo} target(s) folded by the {DEMO_WARNING}.</p>" if demo else ""
+
+
 def write_target_table(result: pd.DataFrame, path: str | Path) -> None:
     """A self-contained HTML page with the target table."""
     Path(path).write_text(
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Targets</title><style>{TABLE_STYLE}</style>"
-        f"</head><body><p>{int(result['passed'].sum())} of {len(result)} targets passed.</p>"
+        f"</head><body>{demo_banner_html(result)}"
+        f"<p>{int(result['passed'].sum())} of {len(result)} targets passed.</p>"
         f"{target_table_html(result)}</body></html>\n",
         encoding="utf-8",
     )

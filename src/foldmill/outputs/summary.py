@@ -1,9 +1,12 @@
-"""The run summary: one row per worklist target with its status, composition and confidences.
+"""The run summary: one row per target the user gave, with its status, composition, MSAs and confidences.
 
-Inputs are the per-shard fold tables (columns target_id, status ok|failed|rejected, reason,
-n_tokens, seconds, replica, prediction_dir) and the worklist. For finished targets the metrics
-come from the best model's confidence JSON and the target's prediction record. A relative
-prediction_dir is read relative to the working directory (Snakemake's, like OUTDIR itself).
+Inputs are the per-shard fold tables (columns target_id, status ok|failed|rejected|skipped, reason,
+n_tokens, seconds, replica, prediction_dir), the worklist and, from a workflow run, what was refused
+on the way (RunRecords): the worklist's rejects (rows after the worklist's, status rejected), the
+MSA staging manifest (per-chain MSA depth and source) and rejects (status rejected, whatever the
+fold said), and the template rejects (status unchanged, a note in `warnings`). For finished targets
+the metrics come from the best model's confidence JSON and the target's prediction record. A
+relative prediction_dir is read relative to the working directory (Snakemake's, like OUTDIR itself).
 
 Metrics are rounded to 6 decimals: the engine computes them in float32 (about 7 significant
 digits), and rounding makes the printed value the one the filters compare with thresholds.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,24 +26,32 @@ import pandas as pd
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import owned_files
 from foldmill.io.targets import Target
+from foldmill.io.worklist import read_rejects
+from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
+from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint
+from foldmill.templates.staging import read_template_rejects
 
 log = logging.getLogger(__name__)
 
 FOLD_TABLE_COLUMNS = ("target_id", "status", "reason", "n_tokens", "seconds", "replica", "prediction_dir")
-FOLD_STATUSES = ("ok", "failed", "rejected")
+FOLD_STATUSES = ("ok", "failed", "rejected", "skipped")
 METRIC_DECIMALS = 6
 SUMMARY_COLUMNS = [
     "target_id",
-    "status",  # ok | failed | rejected | missing (in the worklist, in no fold table)
+    "status",  # ok | failed | rejected | skipped | missing (in the worklist, in no fold table)
     "status_reason",
+    "warnings",  # "; "-separated notes on a target that folded: demo model, templates left out
     "target_type",  # monomer (one chain) | complex
     "n_chains",
     "n_residues",
     "n_tokens",
     "chain_lengths",  # "A:120,B:120,C:1" (residues; a ligand counts one)
     "composition",  # "protein:2,ligand:1"
+    "msa_depth",  # rows of each protein chain's staged MSA, query included: "A:3712,B:1" (0 = none staged)
+    "msa_source",  # "A:user,B:single_sequence" (user | search | single_sequence | rejected | none)
+    "min_msa_depth",  # lowest depth over the protein chains (1 = a chain folded from its sequence alone)
     *CONFIDENCE_SCALARS,
     "chains_ptm",  # "A:0.81,B:0.77"
     "min_chain_ptm",  # lowest pTM of a polymer chain
@@ -54,12 +66,13 @@ SUMMARY_COLUMNS = [
     "seconds",
     "replica",
     "prediction_dir",
+    "source",  # input file:record the target came from
 ]
 TEXT_COLUMNS = {
-    "target_id", "status", "status_reason", "target_type", "chain_lengths", "composition", "chains_ptm",
-    "best_model", "model", "seed", "replica", "prediction_dir",
+    "target_id", "status", "status_reason", "warnings", "target_type", "chain_lengths", "composition",
+    "msa_depth", "msa_source", "chains_ptm", "best_model", "model", "seed", "replica", "prediction_dir", "source",
 }  # fmt: skip
-COUNT_COLUMNS = {"n_chains", "n_residues", "n_tokens", "interface_contacts", "n_models"}
+COUNT_COLUMNS = {"n_chains", "n_residues", "n_tokens", "min_msa_depth", "interface_contacts", "n_models"}
 METRIC_COLUMNS = [*CONFIDENCE_SCALARS, "min_chain_ptm", "min_pair_iptm", "mean_pair_iptm", "interface_pae"]
 
 
@@ -84,8 +97,58 @@ def read_fold_table(path: str | Path) -> pd.DataFrame:
     return table[list(FOLD_TABLE_COLUMNS)]
 
 
-def build_summary(fold_tables: Sequence[str | Path], worklist: str | Path) -> pd.DataFrame:
-    """Summary rows in worklist order; targets in no fold table are reported as `missing`."""
+_STAGED_FILES = ("msa_manifest.tsv", "msa_rejects.tsv", "templates_rejects.tsv")
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """What a workflow run refused or staged on the way to folding (each optional: None = not known)."""
+
+    worklist_rejects: str | Path | None = None  # OUTDIR/worklist/rejects.tsv
+    msa_manifest: str | Path | None = None  # OUTDIR/staged/msa_manifest.tsv
+    msa_rejects: str | Path | None = None  # OUTDIR/staged/msa_rejects.tsv
+    template_rejects: str | Path | None = None  # OUTDIR/staged/templates_rejects.tsv
+
+    @classmethod
+    def beside(cls, worklist: str | Path) -> RunRecords:
+        """The records of the run whose worklist is `worklist` (OUTDIR/worklist/worklist.tsv), those present."""
+        folder = Path(worklist).parent
+        paths = (folder / "rejects.tsv", *(folder.parent / "staged" / name for name in _STAGED_FILES))
+        return cls(*(path if path.is_file() else None for path in paths))
+
+
+@dataclass
+class _Staged:
+    """RunRecords read: MSA depth/source and rejects by msa_key, template notes by target."""
+
+    msas: dict[MSAKey, tuple[int, str]] | None  # None: no manifest, no MSA columns
+    msa_rejects: dict[MSAKey, str]
+    template_notes: dict[str, list[str]]
+
+    @classmethod
+    def read(cls, records: RunRecords) -> _Staged:
+        msas = None
+        if records.msa_manifest is not None:
+            table = read_msa_manifest(records.msa_manifest)
+            keys = zip(table["chain_hash"], table["given_msa"])
+            msas = dict(zip(keys, zip(table["depth"].astype(int), table["source"])))
+        msa_rejects = {}
+        if records.msa_rejects is not None:
+            table = read_msa_rejects(records.msa_rejects)
+            for row in table.itertuples(index=False):
+                msa_rejects[(row.chain_hash, row.given_msa)] = f"{row.source}: {row.problem}"
+        notes: dict[str, list[str]] = {}
+        if records.template_rejects is not None:
+            for row in read_template_rejects(records.template_rejects).itertuples(index=False):
+                notes.setdefault(row.target_id, []).append(f"templates not used: {row.problem}")
+        return cls(msas, msa_rejects, notes)
+
+
+def build_summary(
+    fold_tables: Sequence[str | Path], worklist: str | Path, records: RunRecords | None = None
+) -> pd.DataFrame:
+    """Summary rows in worklist order, then the worklist's rejects; targets in no fold table are `missing`."""
+    records = records or RunRecords()
     folds = pd.concat([read_fold_table(path) for path in fold_tables], ignore_index=True) if fold_tables else None
     fold_rows = {}
     if folds is not None:
@@ -93,14 +156,42 @@ def build_summary(fold_tables: Sequence[str | Path], worklist: str | Path) -> pd
         for row in folds.sort_values("status", key=lambda s: s == "ok", kind="stable").to_dict("records"):
             fold_rows[row["target_id"]] = row
     worklist_table = pd.read_csv(worklist, sep="\t", dtype=str, keep_default_na=False)
-    rows = [_summary_row(item, fold_rows.get(item["target_id"])) for item in worklist_table.to_dict("records")]
+    staged = _Staged.read(records)
+    rows = [_summary_row(item, fold_rows.get(item["target_id"]), staged) for item in worklist_table.to_dict("records")]
+    if records.worklist_rejects is not None:
+        rows += [_rejected_row(item) for item in read_rejects(records.worklist_rejects).to_dict("records")]
     unknown = sorted(set(fold_rows) - set(worklist_table["target_id"]))
     if unknown:
         log.warning("%d folded target(s) not in the worklist, left out of the summary: %s", len(unknown), unknown[:5])
     return _typed(pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
 
 
-def _summary_row(worklist_row: dict[str, str], fold_row: dict | None) -> dict[str, object]:
+def summary_notes(table: pd.DataFrame) -> tuple[str, list[str]]:
+    """The run summary for the console: a line of counts by status, and the warnings a user must see."""
+    counts = table["status"].value_counts().to_dict()
+    line = f"{len(table)} targets ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or 'none'})"
+    warnings = []
+    demo = int(table["model"].map(is_demo_checkpoint).sum())
+    if demo:
+        warnings.append(f"{demo} target(s) folded by the {DEMO_WARNING}")
+    templates = int(table["warnings"].str.contains("templates not used", regex=False).sum())
+    if templates:
+        warnings.append(f"{templates} target(s) folded without some of their templates (see the warnings column)")
+    return line, warnings
+
+
+def _rejected_row(reject: dict[str, str]) -> dict[str, object]:
+    """The summary row of an input record the worklist refused."""
+    where = f"{reject['source']}:{reject['record']}" if reject["record"] else reject["source"]
+    return {
+        "target_id": reject["target_id"],
+        "status": "rejected",
+        "status_reason": f"input rejected: {reject['problem']}",
+        "source": where,
+    }
+
+
+def _summary_row(worklist_row: dict[str, str], fold_row: dict | None, staged: _Staged) -> dict[str, object]:
     target = Target.from_json(worklist_row["spec"])
     lengths = {
         chain_id: (len(entity.sequence or "") if entity.is_polymer else 1)
@@ -115,22 +206,55 @@ def _summary_row(worklist_row: dict[str, str], fold_row: dict | None) -> dict[st
         "n_tokens": int(worklist_row["n_tokens"]),
         "chain_lengths": ",".join(f"{chain}:{length}" for chain, length in lengths.items()),
         "composition": worklist_row["composition"],
+        "source": worklist_row["source"],
+        **_msa_columns(target, staged),
     }
+    msa_problems = [
+        f"MSA of chain {entity.chain_ids[0]} rejected: {staged.msa_rejects[msa_key(entity)]}"
+        for entity in target.entities
+        if entity.entity_type == "protein" and msa_key(entity) in staged.msa_rejects
+    ]
     if fold_row is None:
-        return {**row, "status": "missing", "status_reason": "not in any fold table"}
-    row.update(
-        status=fold_row["status"],
-        status_reason=fold_row["reason"],
-        seconds=float(fold_row["seconds"]) if str(fold_row["seconds"]) != "" else np.nan,
-        replica=fold_row["replica"],
-        prediction_dir=fold_row["prediction_dir"],
-    )
-    if fold_row["status"] == "ok":
+        row.update(status="missing", status_reason="not in any fold table")
+    else:
+        row.update(
+            status=fold_row["status"],
+            status_reason=fold_row["reason"],
+            seconds=float(fold_row["seconds"]) if str(fold_row["seconds"]) != "" else np.nan,
+            replica=fold_row["replica"],
+            prediction_dir=fold_row["prediction_dir"],
+        )
+    if msa_problems and row["status"] != "ok":
+        row.update(status="rejected", status_reason="; ".join(msa_problems))
+    if row["status"] == "ok":
         try:
             row.update(prediction_metrics(Path(fold_row["prediction_dir"]), target.target_id))
         except FoldmillError as error:
             row.update(status="failed", status_reason=str(error))
+    warnings = list(staged.template_notes.get(target.target_id, []))
+    if row["status"] == "ok" and is_demo_checkpoint(row.get("model", "")):
+        warnings.insert(0, DEMO_WARNING)
+    row["warnings"] = "; ".join(warnings)
     return row
+
+
+def _msa_columns(target: Target, staged: _Staged) -> dict[str, object]:
+    """msa_depth, msa_source and min_msa_depth of the target's protein chains (empty without a manifest)."""
+    if staged.msas is None:
+        return {}
+    depths, sources = {}, {}
+    for entity in target.entities:
+        if entity.entity_type != "protein":
+            continue
+        key = msa_key(entity)
+        depth, source = staged.msas.get(key, (0, "rejected" if key in staged.msa_rejects else "none"))
+        for chain_id in entity.chain_ids:
+            depths[chain_id], sources[chain_id] = depth, source
+    return {
+        "msa_depth": ",".join(f"{chain}:{depth}" for chain, depth in depths.items()),
+        "msa_source": ",".join(f"{chain}:{source}" for chain, source in sources.items()),
+        "min_msa_depth": min(depths.values()) if depths else np.nan,
+    }
 
 
 def prediction_metrics(directory: Path, target_id: str) -> dict[str, object]:

@@ -6,8 +6,11 @@ Output:
                           a `TemplateAlignment` .npz; source = user | search; force/threshold
                           as given with user templates (searched ones: False, empty).
                           Header only when no target has templates.
-  templates_rejects.tsv   target_id, source, problem   (targets whose user templates could not
-                          be used; they are left out of the manifest and must be skipped)
+  templates_rejects.tsv   target_id, source, problem   (user templates that could not be used;
+                          the problem names the file. A bad template leaves out all of its
+                          target's user templates, one that does not align to a chain only that
+                          chain's; the target folds without them and the run summary lists them
+                          in its `warnings` column)
 
 User templates (YAML `templates:`, sheet `template` column) apply to the query chains they name
 (all protein chains if none); template chains named with them are paired in order, otherwise
@@ -32,10 +35,10 @@ import pandas as pd
 from foldmill.config import defaults
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import write_text_atomic
+from foldmill.io.tables import read_table, write_tables
 from foldmill.io.targets import Target
 from foldmill.io.worklist import load_worklist
 from foldmill.msa import mmseqs
-from foldmill.msa.staging import write_tables
 from foldmill.templates.align import align_template, assign_chains
 from foldmill.templates.search import TemplateSearchConfig, search_templates
 from foldmill.templates.structure import TemplateStructure, read_template
@@ -96,9 +99,12 @@ def _protein_chains(target: Target) -> dict[str, str]:
 
 
 def user_template_alignments(
-    target: Target, structures: dict[str, TemplateStructure]
+    target: Target, structures: dict[str, TemplateStructure], unaligned: list[tuple[str, str]] | None = None
 ) -> list[tuple[str, TemplateAlignment, bool, float | None]]:
-    """(query chain, alignment, force, threshold) for each user template of `target`; InputError if unusable."""
+    """(query chain, alignment, force, threshold) for each user template of `target`; InputError if unusable.
+
+    A template chain that does not align to its query chain is left out, with (template path, problem)
+    appended to `unaligned`."""
     proteins = _protein_chains(target)
     results = []
     for template in target.templates:
@@ -130,9 +136,10 @@ def user_template_alignments(
             if len(alignment):
                 results.append((query_chain, alignment, template.force, template.threshold))
             else:
-                log.warning(
-                    "%s: template %s does not align to chain %s", target.target_id, alignment.template_id, query_chain
-                )
+                problem = f"{template.path}: template {alignment.template_id} does not align to chain {query_chain}"
+                log.warning("%s: %s", target.target_id, problem)
+                if unaligned is not None:
+                    unaligned.append((template.path, problem))
     return results
 
 
@@ -156,12 +163,14 @@ def stage_templates(
     for target in targets:
         if not target.templates:
             continue
+        unaligned: list[tuple[str, str]] = []
         try:
-            staged = user_template_alignments(target, structures)
+            staged = user_template_alignments(target, structures, unaligned)
         except InputError as error:
             log.warning("templates of %s rejected: %s", target.target_id, error)
             rejects.append({"target_id": target.target_id, "source": error.source, "problem": str(error)})
             continue
+        rejects += [{"target_id": target.target_id, "source": path, "problem": why} for path, why in unaligned]
         for query_chain, alignment, force, threshold in staged:
             path = staged_dir / target.target_id / f"{query_chain}.{alignment.template_id}.npz"
             alignment.save(path)
@@ -170,7 +179,7 @@ def stage_templates(
 
     searched = 0
     if config.search is not None:
-        rejected = {r["target_id"] for r in rejects}
+        rejected = {r["target_id"] for r in rejects if r["target_id"] not in user_chains}
         wanted: dict[tuple[str, str], str] = {}  # (target, chain) -> chain hash
         sequences: dict[str, str] = {}  # chain hash -> sequence
         for target in targets:
@@ -235,3 +244,8 @@ def _searched_templates(
         ids = (folder / _INDEX).read_text().split()
         found[chain_hash] = [(template_id, folder / f"{template_id}.npz") for template_id in ids]
     return found, len(missing)
+
+
+def read_template_rejects(path: str | Path) -> pd.DataFrame:
+    """A templates_rejects.tsv written by `stage_templates` (all text)."""
+    return read_table(path, REJECT_COLUMNS, "template rejects table")
