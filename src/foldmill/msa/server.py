@@ -1,0 +1,396 @@
+"""MSAs from a ColabFold MSA server (`msa.mode: server`): the API ColabFold's and Boltz's clients use.
+
+The server searches ColabFold's databases with ColabFold's protocol, so a user without the 1 TB
+of databases still gets the MSAs Boltz-2 was trained on. The API, as ColabFold's client calls it:
+
+  POST {url}/ticket/msa   form q=FASTA (queries named >101, >102, ...), mode=env | all |
+                          env-nofilter | nofilter                       -> {"id", "status"}
+  POST {url}/ticket/pair  the chains of ONE complex, mode=pairgreedy | paircomplete
+                                                                         -> {"id", "status"}
+  GET  {url}/ticket/{id}                                                 -> {"id", "status"}
+       status: PENDING | RUNNING | COMPLETE | ERROR | RATELIMIT | UNKNOWN | MAINTENANCE
+  GET  {url}/result/download/{id}  a tar.gz with uniref.a3m and, for env modes,
+       bfd.mgnify30.metaeuk30.smag30.a3m (unpaired), or pair.a3m (paired); each file holds one
+       A3M per query, separated by NUL bytes, the query row named by its ticket number.
+
+A query's unpaired A3M is its UniRef30 A3M followed by its environmental A3M (how ColabFold's
+client merges the two files); its query header is renamed >101 whatever its place in the ticket
+(>101, >102, ... per chain for paired A3Ms), which makes the result the same text the local
+ColabFold-protocol search (foldmill.msa.colabfold) writes.
+
+A proteome goes out in tickets of `batch_size` distinct sequences, one ticket per complex for
+pairing, at most `concurrency` tickets at a time. Everything is cached under `cache_dir`, keyed by
+server URL and mode: each result by sequence hash as soon as it is downloaded, and each ticket id
+before it is polled, so a rerun (or a run after a crash) polls the tickets it already holds and
+submits nothing that finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import random
+import socket
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from foldmill import __version__
+from foldmill.errors import FoldmillError
+from foldmill.io.atomic import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+PUBLIC_SERVER = "https://api.colabfold.com"
+UNIREF_FILE = "uniref.a3m"
+ENVIRONMENTAL_FILE = "bfd.mgnify30.metaeuk30.smag30.a3m"
+PAIRED_FILE = "pair.a3m"
+FIRST_QUERY = 101
+WAITING = ("PENDING", "RUNNING", "UNKNOWN")
+RETRY_LATER = ("RATELIMIT", "MAINTENANCE")
+PAIRING_STRATEGIES = ("greedy", "complete")
+
+
+class ServerError(FoldmillError):
+    """A problem with the MSA server or one of its tickets (one line, naming the URL)."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    url: str = PUBLIC_SERVER
+    use_environmental: bool = True  # also search ColabFold's environmental databases (mode env)
+    filter: bool = True  # ColabFold's diversity/coverage filter (mode env / all)
+    pairing_strategy: str = "greedy"  # pairgreedy: best hit per species; paircomplete: only complete rows
+    concurrency: int = 2  # tickets in flight at once
+    batch_size: int = 20  # distinct sequences per unpaired ticket
+    poll_interval: float = 5.0  # seconds between status checks (plus up to as much again of jitter)
+    max_wait: float = 4 * 3600.0  # seconds one ticket may stay queued/running before the run gives up
+    retries: int = 8  # attempts per request on rate limits, 429/5xx and unreachable servers
+    backoff: float = 5.0  # first backoff in seconds, doubled per attempt
+    backoff_cap: float = 120.0
+    timeout: float = 60.0  # seconds per HTTP request
+    user_agent: str = f"foldmill/{__version__}"
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise FoldmillError(f"msa.server_url must be an http(s) URL, not {self.url!r}")
+        if self.pairing_strategy not in PAIRING_STRATEGIES:
+            raise FoldmillError(
+                f"msa.server_pairing must be one of {', '.join(PAIRING_STRATEGIES)}, not {self.pairing_strategy!r}"
+            )
+        if min(self.concurrency, self.batch_size, self.retries) < 1:
+            raise FoldmillError("msa.server_concurrency, msa.server_batch_size and msa.server_retries must be >= 1")
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/")
+
+    def unpaired_mode(self) -> str:
+        if self.filter:
+            return "env" if self.use_environmental else "all"
+        return "env-nofilter" if self.use_environmental else "nofilter"
+
+    def paired_mode(self) -> str:
+        return f"pair{self.pairing_strategy}"
+
+    def describe(self) -> str:
+        """Everything that changes the MSAs (concurrency, batching and timing do not)."""
+        return f"server:{self.base_url},{self.unpaired_mode()},{self.paired_mode()}"
+
+
+def search(
+    sequences: Mapping[str, str],
+    complexes: Mapping[str, Sequence[str]],
+    cache_dir: str | Path,
+    settings: ServerSettings,
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Unpaired A3M per sequence id and paired A3Ms per complex id (one per distinct chain), as
+    foldmill.msa.colabfold.search returns them; raises the first problem as one line after every
+    other ticket has finished and been cached."""
+    unpaired, paired, problems = search_each(sequences, complexes, cache_dir, settings)
+    if problems:
+        first = next(iter(problems.values()))
+        count = f" ({len(problems)} sequence and complex ids without an MSA)" if len(problems) > 1 else ""
+        raise ServerError(first + count)
+    return unpaired, paired
+
+
+def search_each(
+    sequences: Mapping[str, str],
+    complexes: Mapping[str, Sequence[str]],
+    cache_dir: str | Path,
+    settings: ServerSettings,
+) -> tuple[dict[str, str], dict[str, list[str]], dict[str, str]]:
+    """Like `search`, but a failing ticket costs only its own queries: returns (unpaired, paired,
+    problems), problems naming each sequence or complex id without an MSA and why, in one line."""
+    cache = ServerCache(Path(cache_dir), settings)
+    client = Client(settings)
+
+    by_sequence: dict[str, list[str]] = {}
+    for name, sequence in sequences.items():
+        by_sequence.setdefault(sequence, []).append(name)
+    groups = {name: list(dict.fromkeys(chains)) for name, chains in complexes.items()}
+    groups = {name: chains for name, chains in groups.items() if len(chains) > 1}  # homomers need no pairing
+
+    missing = [sequence for sequence in by_sequence if cache.unpaired(sequence) is None]
+    missing_groups = list(dict.fromkeys(tuple(chains) for chains in groups.values() if cache.paired(chains) is None))
+    size = settings.batch_size
+    batches = [tuple(missing[start : start + size]) for start in range(0, len(missing), size)]
+    jobs = {batch: _unpaired_job(client, cache, list(batch)) for batch in batches}
+    jobs.update({("pair", *chains): _paired_job(client, cache, list(chains)) for chains in missing_groups})
+    cached = len(by_sequence) - len(missing) + len(groups) - len(missing_groups)
+    log.info(
+        "MSA server %s: %d tickets for %d sequences and %d complexes (%d found in the cache)",
+        settings.base_url, len(jobs), len(missing), len(missing_groups), cached,
+    )  # fmt: skip
+
+    failures: dict[tuple[str, ...], str] = {}  # a ticket's queries -> why it gave no result
+    with ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="msa-server") as pool:
+        futures = {key: pool.submit(job) for key, job in jobs.items()}
+        for key, future in futures.items():
+            error = future.exception()
+            if isinstance(error, FoldmillError):
+                failures[key] = str(error)
+            elif error is not None:
+                raise error
+    failed_sequences = {sequence: message for key, message in failures.items() if key[0] != "pair" for sequence in key}
+
+    unpaired: dict[str, str] = {}
+    paired: dict[str, list[str]] = {}
+    problems: dict[str, str] = {}
+    for sequence, names in by_sequence.items():
+        a3m = cache.unpaired(sequence)
+        for name in names:
+            if a3m is not None:
+                unpaired[name] = a3m
+            else:
+                problems[name] = failed_sequences.get(sequence, f"{settings.base_url}: no MSA for {name}")
+    for name, chains in groups.items():
+        a3ms = cache.paired(chains)
+        if a3ms is not None:
+            paired[name] = a3ms
+        else:
+            problems[name] = failures.get(("pair", *chains), f"{settings.base_url}: no paired MSA for {name}")
+    return unpaired, paired, problems
+
+
+def _unpaired_job(client: Client, cache: ServerCache, batch: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        files = client.run_ticket("ticket/msa", client.settings.unpaired_mode(), batch, cache)
+        names = [UNIREF_FILE] + ([ENVIRONMENTAL_FILE] if client.settings.use_environmental else [])
+        parts = [client.read_queries(files, name, len(batch)) for name in names]
+        for position, sequence in enumerate(batch):
+            cache.store_unpaired(sequence, "".join(_as_query(part[position], FIRST_QUERY) for part in parts))
+
+    return run
+
+
+def _paired_job(client: Client, cache: ServerCache, chains: list[str]) -> Callable[[], None]:
+    def run() -> None:
+        files = client.run_ticket("ticket/pair", client.settings.paired_mode(), chains, cache)
+        part = client.read_queries(files, PAIRED_FILE, len(chains))
+        cache.store_paired(chains, [_as_query(part[position], FIRST_QUERY + position) for position in range(len(chains))])
+
+    return run
+
+
+def _as_query(a3m: str, number: int) -> str:
+    """The A3M with its query row (first header) named `number`."""
+    _, _, rest = a3m.partition("\n")
+    return f">{number}\n{rest}"
+
+
+def sequence_hash(sequence: str) -> str:
+    return hashlib.sha256(sequence.encode()).hexdigest()
+
+
+class ServerCache:
+    """Results and open tickets under <cache_dir>/<mode and URL digest>/.
+
+    unpaired/<h[:2]>/<h>.a3m        a sequence's unpaired A3M (h = its SHA-256)
+    paired/<h[:2]>/<h>.json         a complex's paired A3Ms, one per distinct chain in order
+    tickets/<h>.json                a submitted ticket not yet downloaded (h = hash of its request)
+    """
+
+    def __init__(self, cache_dir: Path, settings: ServerSettings) -> None:
+        digest = hashlib.sha256(settings.describe().encode()).hexdigest()[:12]
+        self.root = cache_dir / f"colabfold-server-{digest}"
+        self.settings = settings
+
+    def _unpaired_path(self, sequence: str) -> Path:
+        key = sequence_hash(sequence)
+        return self.root / "unpaired" / key[:2] / f"{key}.a3m"
+
+    def _paired_path(self, chains: Sequence[str]) -> Path:
+        key = sequence_hash("\n".join(chains))
+        return self.root / "paired" / key[:2] / f"{key}.json"
+
+    def unpaired(self, sequence: str) -> str | None:
+        path = self._unpaired_path(sequence)
+        return path.read_text() if path.is_file() else None
+
+    def paired(self, chains: Sequence[str]) -> list[str] | None:
+        path = self._paired_path(chains)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def store_unpaired(self, sequence: str, a3m: str) -> None:
+        write_text_atomic(self._unpaired_path(sequence), a3m)
+
+    def store_paired(self, chains: Sequence[str], a3ms: list[str]) -> None:
+        write_text_atomic(self._paired_path(chains), json.dumps(a3ms))
+
+    def ticket_path(self, endpoint: str, mode: str, queries: Sequence[str]) -> Path:
+        key = sequence_hash("\n".join([endpoint, mode, *queries]))
+        return self.root / "tickets" / f"{key}.json"
+
+
+class Client:
+    """HTTP calls of the ColabFold MSA server API, with retries and backoff (standard library only)."""
+
+    def __init__(self, settings: ServerSettings, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self.sleep = sleep
+
+    def run_ticket(self, endpoint: str, mode: str, queries: list[str], cache: ServerCache) -> dict[str, bytes]:
+        """Submit (or resume) one ticket, wait for it, download it: the result's files by name."""
+        ticket_file = cache.ticket_path(endpoint, mode, queries)
+        ticket_id = json.loads(ticket_file.read_text())["id"] if ticket_file.is_file() else None
+        if ticket_id is None:
+            ticket_id = self.submit(endpoint, mode, queries)
+            write_text_atomic(ticket_file, json.dumps({"id": ticket_id, "endpoint": endpoint, "mode": mode}))
+        else:
+            log.info("MSA server %s: resuming ticket %s", self.settings.base_url, ticket_id)
+        try:
+            self.wait(ticket_id)
+        except TicketFailed:
+            ticket_file.unlink(missing_ok=True)  # a failed ticket is resubmitted by the next run
+            raise
+        files = self.download(ticket_id)
+        ticket_file.unlink(missing_ok=True)
+        return files
+
+    def submit(self, endpoint: str, mode: str, queries: list[str]) -> str:
+        fasta = "".join(f">{FIRST_QUERY + position}\n{sequence}\n" for position, sequence in enumerate(queries))
+        form = urllib.parse.urlencode({"q": fasta, "mode": mode}).encode()
+        for attempt in range(self.settings.retries):
+            reply = self.json_request(endpoint, form)
+            status = reply.get("status")
+            if status in RETRY_LATER:
+                if attempt + 1 < self.settings.retries:
+                    self.backoff(attempt, f"{self.settings.base_url}/{endpoint} answered {status}")
+                continue
+            if status == "ERROR":
+                raise TicketFailed(f"{self.settings.base_url}: {endpoint} refused the query (status ERROR)")
+            ticket_id = reply.get("id")
+            if not isinstance(ticket_id, str) or not ticket_id or status not in (*WAITING, "COMPLETE"):
+                raise ServerError(f"{self.settings.base_url}/{endpoint}: unexpected reply {_short(reply)}")
+            log.info("MSA server %s: ticket %s for %d sequences (%s)", self.settings.base_url, ticket_id,
+                     len(queries), mode)  # fmt: skip
+            return ticket_id
+        raise ServerError(f"{self.settings.base_url}: still {status} after {self.settings.retries} attempts")
+
+    def wait(self, ticket_id: str) -> None:
+        started = time.monotonic()
+        while True:
+            status = self.json_request(f"ticket/{ticket_id}").get("status")
+            if status == "COMPLETE":
+                return
+            if status == "ERROR":
+                raise TicketFailed(f"{self.settings.base_url}: ticket {ticket_id} failed on the server (status ERROR)")
+            if status not in (*WAITING, *RETRY_LATER):
+                raise ServerError(f"{self.settings.base_url}: ticket {ticket_id} has unknown status {status!r}")
+            waited = time.monotonic() - started
+            if waited >= self.settings.max_wait:
+                raise ServerError(
+                    f"{self.settings.base_url}: ticket {ticket_id} still {status} after {waited:.0f} s "
+                    "(rerun to keep waiting for the same ticket)"
+                )
+            interval = self.settings.poll_interval
+            self.sleep(interval + random.uniform(0, interval))
+
+    def download(self, ticket_id: str) -> dict[str, bytes]:
+        data = self.request(f"result/download/{ticket_id}")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+                return {
+                    Path(member.name).name: archive.extractfile(member).read()  # type: ignore[union-attr]
+                    for member in archive.getmembers()
+                    if member.isfile() and member.name.endswith(".a3m")
+                }
+        except (tarfile.TarError, OSError, EOFError) as error:
+            raise ServerError(f"{self.settings.base_url}: result of ticket {ticket_id} is not a tar.gz: {error}") from None
+
+    def read_queries(self, files: dict[str, bytes], name: str, count: int) -> list[str]:
+        """The A3M of queries 101 .. 100+count of one result file, in order; a missing one is an error."""
+        if name not in files:
+            raise ServerError(f"{self.settings.base_url}: result has no {name} (has {', '.join(sorted(files)) or 'nothing'})")
+        entries: dict[int, str] = {}
+        for entry in files[name].decode("utf-8", errors="replace").split("\0"):
+            if not entry.strip():
+                continue
+            header, _, _ = entry.lstrip("\n").partition("\n")
+            try:
+                number = int(header[1:].strip()) if header.startswith(">") else -1
+            except ValueError:
+                number = -1
+            if number < FIRST_QUERY:
+                raise ServerError(f"{self.settings.base_url}: {name}: malformed entry starting {header[:40]!r}")
+            entries[number] = entries.get(number, "") + entry.lstrip("\n")
+        absent = [FIRST_QUERY + position for position in range(count) if FIRST_QUERY + position not in entries]
+        if absent:
+            raise ServerError(f"{self.settings.base_url}: {name} lacks the MSA of query >{absent[0]}")
+        return [entries[FIRST_QUERY + position] for position in range(count)]
+
+    def json_request(self, path: str, form: bytes | None = None) -> dict:
+        body = self.request(path, form)
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise ServerError(f"{self.settings.base_url}/{path}: reply is not a JSON object: {_short(body)}")
+        return reply
+
+    def request(self, path: str, form: bytes | None = None) -> bytes:
+        """One request, retried with backoff on 429, 5xx, timeouts and refused connections."""
+        url = f"{self.settings.base_url}/{path}"
+        problem = ""
+        for attempt in range(self.settings.retries):
+            request = urllib.request.Request(url, data=form, headers={"User-Agent": self.settings.user_agent})
+            try:
+                with urllib.request.urlopen(request, timeout=self.settings.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as error:
+                if error.code != 429 and error.code < 500:
+                    raise ServerError(f"{url}: HTTP {error.code} {error.reason}") from None
+                problem = f"HTTP {error.code} {error.reason}"
+            except (urllib.error.URLError, socket.timeout, ConnectionError) as error:
+                reason = getattr(error, "reason", error)
+                problem = f"unreachable ({reason})"
+            if attempt + 1 < self.settings.retries:
+                self.backoff(attempt, f"{url}: {problem}")
+        raise ServerError(f"{url}: MSA server {problem} after {self.settings.retries} attempts")
+
+    def backoff(self, attempt: int, reason: str) -> None:
+        delay = min(self.settings.backoff_cap, self.settings.backoff * 2**attempt)
+        delay *= 1 + random.uniform(0, 0.5)
+        log.warning("%s; retrying in %.1f s", reason, delay)
+        self.sleep(delay)
+
+
+class TicketFailed(ServerError):
+    """The server ran the ticket and reported ERROR: resubmitting the same request is pointless now."""
+
+
+def _short(value: object) -> str:
+    text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    text = " ".join(text.split())
+    return text[:120] + ("..." if len(text) > 120 else "")
