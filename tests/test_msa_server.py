@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -50,13 +52,17 @@ def database(tmp_path_factory) -> colabfold.ColabFoldDatabases:
     return colabfold.ColabFoldDatabases.find(root / "db")
 
 
+def python_environment() -> dict[str, str]:
+    """This checkout's sources first, for the subprocesses."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
 @contextmanager
 def running_server(database: colabfold.ColabFoldDatabases, workdir: Path) -> Iterator[str]:
     """The test server in a subprocess on 127.0.0.1; yields its URL, stops it on exit."""
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen(
         [sys.executable, str(APP), str(database.root), str(workdir), "--lifetime", "1200"],
-        stdout=subprocess.PIPE, text=True, env=environment,
+        stdout=subprocess.PIPE, text=True, env=python_environment(),
     )  # fmt: skip
     try:
         ready, _, _ = select.select([process.stdout], [], [], 60)
@@ -180,6 +186,43 @@ def test_an_error_ticket_costs_only_its_queries_and_is_resubmitted_by_a_rerun(ur
     assert stats(url)["submitted"] == 1
 
 
+def test_a_refused_batch_is_split_so_only_the_bad_query_fails(url, tmp_path):
+    control(url)
+    settings = replace(FAST, url=url, batch_size=3)
+    sequences = {"good": NO_HIT, "bad": "MKV1234", "also_good": NO_HIT[:-5]}
+
+    unpaired, _, problems = server.search_each(sequences, {}, tmp_path, settings)
+
+    assert sorted(unpaired) == ["also_good", "good"]
+    assert problems == {"bad": f"{url}: ticket/msa refused the query (status ERROR)"}
+    assert stats(url)["submitted"] == 2  # the batch was refused, then each sequence went out alone
+
+
+def test_an_interrupted_run_keeps_its_ticket_for_the_next(url, tmp_path):
+    control(url, stuck=1)
+    script = (
+        "import sys; from foldmill.msa import server; "
+        f"settings = server.ServerSettings(url={url!r}, poll_interval=0.05); "
+        f"server.search({{'peptide': {NO_HIT!r}}}, {{}}, sys.argv[1], settings)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.PIPE, text=True, env=python_environment()
+    )
+    for _ in range(600):  # the ticket is saved before it is polled
+        if list(tmp_path.glob("colabfold-server-*/tickets/*.json")) or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) != 0
+    assert "KeyboardInterrupt" in process.stderr.read()
+    assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
+
+    urllib.request.urlopen(f"{url}/control", data=b"stuck=0", timeout=10).read()
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url))
+    assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
+    assert stats(url)["submitted"] == 1
+
+
 def test_a_refused_query_is_one_line(url, tmp_path):
     control(url)
     with pytest.raises(server.ServerError, match=r"ticket/msa refused the query \(status ERROR\)$"):
@@ -202,6 +245,20 @@ def test_a_stuck_ticket_gives_up_and_a_rerun_polls_the_same_ticket(url, tmp_path
     assert not tickets[0].exists()
 
 
+def test_a_ticket_the_server_forgot_is_submitted_again(url, tmp_path):
+    control(url, stuck=1)
+    settings = replace(FAST, url=url, max_wait=0.3)
+    with pytest.raises(server.ServerError, match="still RUNNING"):
+        server.search({"peptide": NO_HIT}, {}, tmp_path, settings)
+    assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
+
+    control(url, forget=1)  # a restarted server: the saved ticket is UNKNOWN there
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(settings, max_wait=600))
+    assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
+    assert stats(url)["submitted"] == 1
+    assert not list(tmp_path.glob("colabfold-server-*/tickets/*.json"))
+
+
 def test_malformed_results_are_one_line(url, tmp_path):
     control(url, malformed=1)
     settings = replace(FAST, url=url)
@@ -211,7 +268,8 @@ def test_malformed_results_are_one_line(url, tmp_path):
     control(url, drop=1)
     with pytest.raises(server.ServerError) as error:
         server.search({"peptide": NO_HIT, "shorter": NO_HIT[:-5]}, {}, tmp_path / "b", settings)
-    assert str(error.value) == f"{url}: uniref.a3m lacks the MSA of query >102 (2 sequence and complex ids without an MSA)"
+    lacking = f"{url}: uniref.a3m lacks the MSA of query >102"
+    assert str(error.value) == f"{lacking} (2 sequence and complex ids without an MSA)"
 
 
 def test_settings_are_checked():
@@ -222,3 +280,14 @@ def test_settings_are_checked():
     assert server.ServerSettings().unpaired_mode() == "env"
     assert server.ServerSettings(use_environmental=False, filter=False).unpaired_mode() == "nofilter"
     assert server.ServerSettings(pairing_strategy="complete").paired_mode() == "paircomplete"
+
+    settings = server.ServerSettings.from_config(
+        {"server_url": "http://127.0.0.1:8080/", "server_concurrency": 3, "server_pairing": "complete"}
+    )
+    assert settings.base_url == "http://127.0.0.1:8080"
+    assert (settings.concurrency, settings.paired_mode()) == (3, "paircomplete")
+    assert settings.batch_size == server.ServerSettings().batch_size
+    with pytest.raises(FoldmillError, match="msa.server_concurrency must be an integer, not 'many'"):
+        server.ServerSettings.from_config({"server_concurrency": "many"})
+    with pytest.raises(FoldmillError, match="msa.server_environmental must be true or false, not 'no'"):
+        server.ServerSettings.from_config({"server_environmental": "no"})

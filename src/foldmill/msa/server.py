@@ -34,11 +34,12 @@ import logging
 import random
 import socket
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,20 @@ FIRST_QUERY = 101
 WAITING = ("PENDING", "RUNNING", "UNKNOWN")
 RETRY_LATER = ("RATELIMIT", "MAINTENANCE")
 PAIRING_STRATEGIES = ("greedy", "complete")
+FORGOTTEN_AFTER = 5  # consecutive UNKNOWN answers for a resumed ticket
+
+
+CONFIG_KEYS = {  # msa.<key> in the workflow config -> ServerSettings field
+    "server_url": "url",
+    "server_environmental": "use_environmental",
+    "server_filter": "filter",
+    "server_pairing": "pairing_strategy",
+    "server_concurrency": "concurrency",
+    "server_batch_size": "batch_size",
+    "server_max_wait": "max_wait",
+    "server_retries": "retries",
+    "server_user_agent": "user_agent",
+}
 
 
 class ServerError(FoldmillError):
@@ -89,6 +104,13 @@ class ServerSettings:
         if min(self.concurrency, self.batch_size, self.retries) < 1:
             raise FoldmillError("msa.server_concurrency, msa.server_batch_size and msa.server_retries must be >= 1")
 
+    @classmethod
+    def from_config(cls, section: Mapping[str, object]) -> ServerSettings:
+        """From the workflow's `msa:` config section: its msa.server_* keys (CONFIG_KEYS), defaults above."""
+        values = {name: _config_value(key, section[key], type(getattr(cls, name)))
+                  for key, name in CONFIG_KEYS.items() if key in section}  # fmt: skip
+        return cls(**values)
+
     @property
     def base_url(self) -> str:
         return self.url.rstrip("/")
@@ -104,6 +126,18 @@ class ServerSettings:
     def describe(self) -> str:
         """Everything that changes the MSAs (concurrency, batching and timing do not)."""
         return f"server:{self.base_url},{self.unpaired_mode()},{self.paired_mode()}"
+
+
+def _config_value(key: str, value: object, kind: type) -> object:
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
+    if kind is bool and isinstance(value, bool) or kind is str and isinstance(value, str):
+        return value
+    if kind in (int, float) and not isinstance(value, bool):
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            pass
+    raise FoldmillError(f"msa.{key} must be {expected}, not {value!r}")
 
 
 def search(
@@ -143,25 +177,21 @@ def search_each(
     missing = [sequence for sequence in by_sequence if cache.unpaired(sequence) is None]
     missing_groups = list(dict.fromkeys(tuple(chains) for chains in groups.values() if cache.paired(chains) is None))
     size = settings.batch_size
-    batches = [tuple(missing[start : start + size]) for start in range(0, len(missing), size)]
-    jobs = {batch: _unpaired_job(client, cache, list(batch)) for batch in batches}
-    jobs.update({("pair", *chains): _paired_job(client, cache, list(chains)) for chains in missing_groups})
+    jobs = [("msa", tuple(missing[start : start + size])) for start in range(0, len(missing), size)]
+    jobs += [("pair", chains) for chains in missing_groups]
     cached = len(by_sequence) - len(missing) + len(groups) - len(missing_groups)
     log.info(
         "MSA server %s: %d tickets for %d sequences and %d complexes (%d found in the cache)",
         settings.base_url, len(jobs), len(missing), len(missing_groups), cached,
     )  # fmt: skip
-
-    failures: dict[tuple[str, ...], str] = {}  # a ticket's queries -> why it gave no result
-    with ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="msa-server") as pool:
-        futures = {key: pool.submit(job) for key, job in jobs.items()}
-        for key, future in futures.items():
-            error = future.exception()
-            if isinstance(error, FoldmillError):
-                failures[key] = str(error)
-            elif error is not None:
-                raise error
-    failed_sequences = {sequence: message for key, message in failures.items() if key[0] != "pair" for sequence in key}
+    failures = _run_tickets(client, cache, jobs)
+    # A ticket the server refused (status ERROR) may hold one bad sequence: its others go out alone.
+    refused = [key for key, error in failures.items() if isinstance(error, TicketFailed) and len(key[1]) > 1]
+    if refused:
+        retry = [("msa", (sequence,)) for kind, batch in refused if kind == "msa" for sequence in batch]
+        failures.update(_run_tickets(client, cache, retry))
+    failed_sequences = {sequence: str(error) for (kind, batch), error in failures.items() if kind == "msa"
+                        for sequence in batch}  # fmt: skip
 
     unpaired: dict[str, str] = {}
     paired: dict[str, list[str]] = {}
@@ -178,28 +208,52 @@ def search_each(
         if a3ms is not None:
             paired[name] = a3ms
         else:
-            problems[name] = failures.get(("pair", *chains), f"{settings.base_url}: no paired MSA for {name}")
+            error = failures.get(("pair", tuple(chains)))
+            problems[name] = str(error) if error else f"{settings.base_url}: no paired MSA for {name}"
     return unpaired, paired, problems
 
 
-def _unpaired_job(client: Client, cache: ServerCache, batch: list[str]) -> Callable[[], None]:
-    def run() -> None:
-        files = client.run_ticket("ticket/msa", client.settings.unpaired_mode(), batch, cache)
-        names = [UNIREF_FILE] + ([ENVIRONMENTAL_FILE] if client.settings.use_environmental else [])
-        parts = [client.read_queries(files, name, len(batch)) for name in names]
-        for position, sequence in enumerate(batch):
-            cache.store_unpaired(sequence, "".join(_as_query(part[position], FIRST_QUERY) for part in parts))
+def _run_tickets(
+    client: Client, cache: ServerCache, jobs: list[tuple[str, tuple[str, ...]]]
+) -> dict[tuple[str, tuple[str, ...]], FoldmillError]:
+    """Run each job ("msa" or "pair", its queries) as one ticket, `concurrency` at a time; the
+    failed ones' errors by (kind, queries). An interrupt stops the polling at once: the saved
+    tickets are polled again by the next run."""
+    failures: dict[tuple[str, tuple[str, ...]], FoldmillError] = {}
+    pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="msa-server")
+    try:
+        futures = {
+            (kind, queries): pool.submit(TICKETS[kind], client, cache, list(queries)) for kind, queries in jobs
+        }
+        for key, future in futures.items():
+            error = future.exception()
+            if isinstance(error, FoldmillError):
+                failures[key] = error
+            elif error is not None:
+                raise error
+    except BaseException:
+        client.stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return failures
 
-    return run
+
+def _unpaired_ticket(client: Client, cache: ServerCache, batch: list[str]) -> None:
+    files = client.run_ticket("ticket/msa", client.settings.unpaired_mode(), batch, cache)
+    names = [UNIREF_FILE] + ([ENVIRONMENTAL_FILE] if client.settings.use_environmental else [])
+    parts = [client.read_queries(files, name, len(batch)) for name in names]
+    for position, sequence in enumerate(batch):
+        cache.store_unpaired(sequence, "".join(_as_query(part[position], FIRST_QUERY) for part in parts))
 
 
-def _paired_job(client: Client, cache: ServerCache, chains: list[str]) -> Callable[[], None]:
-    def run() -> None:
-        files = client.run_ticket("ticket/pair", client.settings.paired_mode(), chains, cache)
-        part = client.read_queries(files, PAIRED_FILE, len(chains))
-        cache.store_paired(chains, [_as_query(part[position], FIRST_QUERY + position) for position in range(len(chains))])
+def _paired_ticket(client: Client, cache: ServerCache, chains: list[str]) -> None:
+    files = client.run_ticket("ticket/pair", client.settings.paired_mode(), chains, cache)
+    part = client.read_queries(files, PAIRED_FILE, len(chains))
+    cache.store_paired(chains, [_as_query(a3m, FIRST_QUERY + position) for position, a3m in enumerate(part)])
 
-    return run
+
+TICKETS = {"msa": _unpaired_ticket, "pair": _paired_ticket}
 
 
 def _as_query(a3m: str, number: int) -> str:
@@ -255,23 +309,32 @@ class ServerCache:
 class Client:
     """HTTP calls of the ColabFold MSA server API, with retries and backoff (standard library only)."""
 
-    def __init__(self, settings: ServerSettings, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.sleep = sleep
+        self.stop = threading.Event()  # set on an interrupt: every waiting ticket gives up
+
+    def sleep(self, seconds: float) -> None:
+        if self.stop.wait(seconds):
+            raise ServerError(f"{self.settings.base_url}: interrupted")
 
     def run_ticket(self, endpoint: str, mode: str, queries: list[str], cache: ServerCache) -> dict[str, bytes]:
         """Submit (or resume) one ticket, wait for it, download it: the result's files by name."""
         ticket_file = cache.ticket_path(endpoint, mode, queries)
-        ticket_id = json.loads(ticket_file.read_text())["id"] if ticket_file.is_file() else None
-        if ticket_id is None:
-            ticket_id = self.submit(endpoint, mode, queries)
-            write_text_atomic(ticket_file, json.dumps({"id": ticket_id, "endpoint": endpoint, "mode": mode}))
-        else:
-            log.info("MSA server %s: resuming ticket %s", self.settings.base_url, ticket_id)
+        ticket_id = _saved_ticket(ticket_file)
         try:
-            self.wait(ticket_id)
+            if ticket_id is not None:
+                log.info("MSA server %s: resuming ticket %s", self.settings.base_url, ticket_id)
+                try:
+                    self.wait(ticket_id, resumed=True)
+                except TicketLost as lost:
+                    log.warning("%s; submitting it again", lost)
+                    ticket_id = None
+            if ticket_id is None:
+                ticket_id = self.submit(endpoint, mode, queries)
+                write_text_atomic(ticket_file, json.dumps({"id": ticket_id, "endpoint": endpoint, "mode": mode}))
+                self.wait(ticket_id)
         except TicketFailed:
-            ticket_file.unlink(missing_ok=True)  # a failed ticket is resubmitted by the next run
+            ticket_file.unlink(missing_ok=True)  # a failed ticket is submitted again by the next run
             raise
         files = self.download(ticket_id)
         ticket_file.unlink(missing_ok=True)
@@ -297,12 +360,18 @@ class Client:
             return ticket_id
         raise ServerError(f"{self.settings.base_url}: still {status} after {self.settings.retries} attempts")
 
-    def wait(self, ticket_id: str) -> None:
+    def wait(self, ticket_id: str, resumed: bool = False) -> None:
+        """Poll until COMPLETE. A ticket of an earlier run that the server keeps calling UNKNOWN was
+        forgotten (a server restart, an expired result): TicketLost."""
         started = time.monotonic()
+        unknown = 0
         while True:
             status = self.json_request(f"ticket/{ticket_id}").get("status")
             if status == "COMPLETE":
                 return
+            unknown = unknown + 1 if status == "UNKNOWN" else 0
+            if resumed and unknown >= FORGOTTEN_AFTER:
+                raise TicketLost(f"{self.settings.base_url}: the server no longer knows ticket {ticket_id}")
             if status == "ERROR":
                 raise TicketFailed(f"{self.settings.base_url}: ticket {ticket_id} failed on the server (status ERROR)")
             if status not in (*WAITING, *RETRY_LATER):
@@ -326,12 +395,14 @@ class Client:
                     if member.isfile() and member.name.endswith(".a3m")
                 }
         except (tarfile.TarError, OSError, EOFError) as error:
-            raise ServerError(f"{self.settings.base_url}: result of ticket {ticket_id} is not a tar.gz: {error}") from None
+            url = self.settings.base_url
+            raise ServerError(f"{url}: result of ticket {ticket_id} is not a tar.gz: {error}") from None
 
     def read_queries(self, files: dict[str, bytes], name: str, count: int) -> list[str]:
         """The A3M of queries 101 .. 100+count of one result file, in order; a missing one is an error."""
         if name not in files:
-            raise ServerError(f"{self.settings.base_url}: result has no {name} (has {', '.join(sorted(files)) or 'nothing'})")
+            found = ", ".join(sorted(files)) or "nothing"
+            raise ServerError(f"{self.settings.base_url}: result has no {name} (it has {found})")
         entries: dict[int, str] = {}
         for entry in files[name].decode("utf-8", errors="replace").split("\0"):
             if not entry.strip():
@@ -388,6 +459,19 @@ class Client:
 
 class TicketFailed(ServerError):
     """The server ran the ticket and reported ERROR: resubmitting the same request is pointless now."""
+
+
+class TicketLost(ServerError):
+    """The server does not know a ticket saved by an earlier run."""
+
+
+def _saved_ticket(path: Path) -> str | None:
+    """The ticket id an earlier run saved before polling; None if there is none (or it is unreadable)."""
+    try:
+        ticket_id = json.loads(path.read_text()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ticket_id if isinstance(ticket_id, str) and ticket_id else None
 
 
 def _short(value: object) -> str:
