@@ -37,6 +37,7 @@ from urllib.parse import parse_qs
 from foldmill.msa import colabfold
 
 UNPAIRED_MODES = {"env": (True, True), "all": (False, True), "env-nofilter": (True, False), "nofilter": (False, False)}
+# The local protocol pairs UniRef30 hits only: the -env pairing modes are refused (status ERROR).
 PAIRED_MODES = {"pairgreedy": 0, "paircomplete": 1}
 AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWYXBZUO")
 

@@ -34,7 +34,10 @@ HEMOGLOBIN_BETA = (
     "GNVLVCVLAHHFGKEFTPPVQAAYQKVVAGVANALAHKYH"
 )
 NO_HIT = "MSTTASTPSSLRHLISIKDLSDEEFRILVQRAQHFKNVFKANKTN"  # a yeast peptide without homologs in the database
-FAST = server.ServerSettings(poll_interval=0.05, backoff=0.01, backoff_cap=0.05, retries=4, timeout=30)
+# The local protocol pairs UniRef30 hits only (as colabfold_search does), so the tests ask for that.
+FAST = server.ServerSettings(
+    poll_interval=0.05, backoff=0.01, backoff_cap=0.05, retries=4, timeout=30, pair_environmental=False
+)
 
 
 def query_of(a3m: Path) -> str:
@@ -279,13 +282,14 @@ def test_settings_are_checked():
         server.ServerSettings(pairing_strategy="best")
     assert server.ServerSettings().unpaired_mode() == "env"
     assert server.ServerSettings(use_environmental=False, filter=False).unpaired_mode() == "nofilter"
-    assert server.ServerSettings(pairing_strategy="complete").paired_mode() == "paircomplete"
+    assert server.ServerSettings().paired_mode() == "pairgreedy-env"  # what boltz --use_msa_server asks
+    assert server.ServerSettings(pairing_strategy="complete", pair_environmental=False).paired_mode() == "paircomplete"
 
     settings = server.ServerSettings.from_config(
         {"server_url": "http://127.0.0.1:8080/", "server_concurrency": 3, "server_pairing": "complete"}
     )
     assert settings.base_url == "http://127.0.0.1:8080"
-    assert (settings.concurrency, settings.paired_mode()) == (3, "paircomplete")
+    assert (settings.concurrency, settings.paired_mode()) == (3, "paircomplete-env")
     assert settings.batch_size == server.ServerSettings().batch_size
     with pytest.raises(FoldmillError, match="msa.server_concurrency must be an integer, not 'many'"):
         server.ServerSettings.from_config({"server_concurrency": "many"})

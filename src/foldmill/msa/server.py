@@ -5,7 +5,8 @@ of databases still gets the MSAs Boltz-2 was trained on. The API, as ColabFold's
 
   POST {url}/ticket/msa   form q=FASTA (queries named >101, >102, ...), mode=env | all |
                           env-nofilter | nofilter                       -> {"id", "status"}
-  POST {url}/ticket/pair  the chains of ONE complex, mode=pairgreedy | paircomplete
+  POST {url}/ticket/pair  the chains of ONE complex, mode=pairgreedy | paircomplete, either with
+                          -env to pair environmental hits as well
                                                                          -> {"id", "status"}
   GET  {url}/ticket/{id}                                                 -> {"id", "status"}
        status: PENDING | RUNNING | COMPLETE | ERROR | RATELIMIT | UNKNOWN | MAINTENANCE
@@ -66,6 +67,7 @@ CONFIG_KEYS = {  # msa.<key> in the workflow config -> ServerSettings field
     "server_environmental": "use_environmental",
     "server_filter": "filter",
     "server_pairing": "pairing_strategy",
+    "server_pair_environmental": "pair_environmental",
     "server_concurrency": "concurrency",
     "server_batch_size": "batch_size",
     "server_max_wait": "max_wait",
@@ -84,6 +86,9 @@ class ServerSettings:
     use_environmental: bool = True  # also search ColabFold's environmental databases (mode env)
     filter: bool = True  # ColabFold's diversity/coverage filter (mode env / all)
     pairing_strategy: str = "greedy"  # pairgreedy: best hit per species; paircomplete: only complete rows
+    # pair environmental hits too (mode pair...-env), as `boltz predict --use_msa_server` asks;
+    # colabfold_batch and colabfold_search pair UniRef30 hits only by default
+    pair_environmental: bool = True
     concurrency: int = 2  # tickets in flight at once
     batch_size: int = 20  # distinct sequences per unpaired ticket
     poll_interval: float = 5.0  # seconds between status checks (plus up to as much again of jitter)
@@ -121,7 +126,7 @@ class ServerSettings:
         return "env-nofilter" if self.use_environmental else "nofilter"
 
     def paired_mode(self) -> str:
-        return f"pair{self.pairing_strategy}"
+        return f"pair{self.pairing_strategy}" + ("-env" if self.pair_environmental else "")
 
     def describe(self) -> str:
         """Everything that changes the MSAs (concurrency, batching and timing do not)."""
@@ -267,25 +272,26 @@ def sequence_hash(sequence: str) -> str:
 
 
 class ServerCache:
-    """Results and open tickets under <cache_dir>/<mode and URL digest>/.
+    """Results and open tickets of one server under <cache_dir>/colabfold-server-<URL digest>/.
 
-    unpaired/<h[:2]>/<h>.a3m        a sequence's unpaired A3M (h = its SHA-256)
-    paired/<h[:2]>/<h>.json         a complex's paired A3Ms, one per distinct chain in order
+    msa-<mode>/<h[:2]>/<h>.a3m      a sequence's unpaired A3M (h = its SHA-256), per unpaired mode
+    <pair mode>/<h[:2]>/<h>.json    a complex's paired A3Ms, one per distinct chain in order
     tickets/<h>.json                a submitted ticket not yet downloaded (h = hash of its request)
     """
 
     def __init__(self, cache_dir: Path, settings: ServerSettings) -> None:
-        digest = hashlib.sha256(settings.describe().encode()).hexdigest()[:12]
+        digest = hashlib.sha256(settings.base_url.encode()).hexdigest()[:12]
         self.root = cache_dir / f"colabfold-server-{digest}"
-        self.settings = settings
+        self.unpaired_dir = self.root / f"msa-{settings.unpaired_mode()}"
+        self.paired_dir = self.root / settings.paired_mode()
 
     def _unpaired_path(self, sequence: str) -> Path:
         key = sequence_hash(sequence)
-        return self.root / "unpaired" / key[:2] / f"{key}.a3m"
+        return self.unpaired_dir / key[:2] / f"{key}.a3m"
 
     def _paired_path(self, chains: Sequence[str]) -> Path:
         key = sequence_hash("\n".join(chains))
-        return self.root / "paired" / key[:2] / f"{key}.json"
+        return self.paired_dir / key[:2] / f"{key}.json"
 
     def unpaired(self, sequence: str) -> str | None:
         path = self._unpaired_path(sequence)
