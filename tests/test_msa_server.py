@@ -1,0 +1,297 @@
+"""The ColabFold MSA server client over real HTTP, against a local server process (tests/msa_server_app.py)
+that implements the same API and answers with real ColabFold-protocol searches of a small
+ColabFold-format database built from the UniRef sequences of tests/data/msas."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import colabfold_db
+from foldmill.errors import FoldmillError
+from foldmill.msa import colabfold, server
+from foldmill.msa.mmseqs import mmseqs_binary
+
+REPO = Path(__file__).resolve().parents[1]
+MSAS = REPO / "tests" / "data" / "msas"
+APP = REPO / "tests" / "msa_server_app.py"
+HEMOGLOBIN_BETA = (
+    "VHLTPEEKSAVTALWGKVNVDEVGGEALGRLLVVYPWTQRFFESFGDLSTPDAVMGNPKVKAHGKKVLGAFSDGLAHLDNLKGTFATLSELHCDKLHVDPENFRLL"
+    "GNVLVCVLAHHFGKEFTPPVQAAYQKVVAGVANALAHKYH"
+)
+NO_HIT = "MSTTASTPSSLRHLISIKDLSDEEFRILVQRAQHFKNVFKANKTN"  # a yeast peptide without homologs in the database
+# The local protocol pairs UniRef30 hits only (as colabfold_search does), so the tests ask for that.
+FAST = server.ServerSettings(
+    poll_interval=0.05, backoff=0.01, backoff_cap=0.05, retries=4, timeout=30, pair_environmental=False
+)
+
+
+def query_of(a3m: Path) -> str:
+    lines = a3m.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(">"))
+    return lines[first + 1].strip()
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory) -> colabfold.ColabFoldDatabases:
+    root = tmp_path_factory.mktemp("colabfold_db")
+    a3ms = sorted(MSAS.glob("*.a3m"))
+    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "uniref30_test", root / "work_uniref", min_seq_id=0.3)
+    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "colabfold_envdb_test", root / "work_env", min_seq_id=0.5)
+    return colabfold.ColabFoldDatabases.find(root / "db")
+
+
+def python_environment() -> dict[str, str]:
+    """This checkout's sources first, for the subprocesses."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+@contextmanager
+def running_server(database: colabfold.ColabFoldDatabases, workdir: Path) -> Iterator[str]:
+    """The test server in a subprocess on 127.0.0.1; yields its URL, stops it on exit."""
+    process = subprocess.Popen(
+        [sys.executable, str(APP), str(database.root), str(workdir), "--lifetime", "1200"],
+        stdout=subprocess.PIPE, text=True, env=python_environment(),
+    )  # fmt: skip
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        line = process.stdout.readline() if ready else ""
+        assert line.startswith("PORT "), f"test server did not start: {line!r}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def url(database, tmp_path_factory) -> Iterator[str]:
+    with running_server(database, tmp_path_factory.mktemp("msa_server")) as address:
+        yield address
+
+
+def control(url: str, **switches: object) -> None:
+    data = urllib.parse.urlencode({"reset": 1, **switches}).encode()
+    urllib.request.urlopen(f"{url}/control", data=data, timeout=10).read()
+
+
+def stats(url: str) -> dict[str, int]:
+    return json.loads(urllib.request.urlopen(f"{url}/stats", timeout=10).read())
+
+
+def test_unpaired_and_paired_msas_equal_the_local_colabfold_search(url, database, tmp_path):
+    control(url)
+    alpha = query_of(MSAS / "1a00_A_uniref90.a3m")
+    sequences = {
+        "alpha": alpha, "beta": HEMOGLOBIN_BETA, "seq1": query_of(MSAS / "seq1.a3m"),
+        "seq2": query_of(MSAS / "seq2.a3m"), "nohit": NO_HIT, "seq1_again": query_of(MSAS / "seq1.a3m"),
+    }  # fmt: skip
+    complexes = {"hemoglobin": [alpha, HEMOGLOBIN_BETA, alpha], "homodimer": [sequences["seq1"]] * 2}
+    settings = replace(FAST, url=url, batch_size=2, concurrency=2)
+
+    unpaired, paired = server.search(sequences, complexes, tmp_path / "cache", settings)
+
+    local_unpaired, local_paired = colabfold.search(
+        sequences, complexes, database, tmp_path / "local", colabfold.ColabFoldSettings(threads=2)
+    )
+    assert unpaired == local_unpaired
+    assert paired == local_paired
+    assert list(paired) == ["hemoglobin"]  # a homodimer needs no pairing
+    assert unpaired["alpha"].count(">") > 1000  # UniRef30 and environmental rows
+    assert unpaired["nohit"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"  # each database's query row, no hits
+    rows = [a3m.count(">") for a3m in paired["hemoglobin"]]
+    assert rows[0] == rows[1] > 100
+    # 5 distinct sequences in tickets of 2, and one pairing ticket for the heterodimer
+    assert stats(url)["submitted"] == 4
+
+    assert server.search(sequences, complexes, tmp_path / "cache", settings) == (unpaired, paired)
+    assert stats(url)["submitted"] == 4  # the rerun read the cache
+
+
+def test_a_rerun_with_the_server_gone_reads_the_cache(database, tmp_path):
+    sequences = {"seq2": query_of(MSAS / "seq2.a3m")}
+    with running_server(database, tmp_path / "server") as address:
+        settings = replace(FAST, url=address, retries=1)
+        first = server.search(sequences, {}, tmp_path / "cache", settings)
+    assert first[0]["seq2"].count(">") > 10
+    assert server.search(sequences, {}, tmp_path / "cache", settings) == first
+    with pytest.raises(server.ServerError, match="unreachable"):
+        server.search(sequences, {}, tmp_path / "other_cache", settings)
+
+
+def test_rate_limits_are_waited_out(url, tmp_path):
+    control(url, ratelimit=2)
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url))
+    assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
+    assert stats(url) == {"submitted": 1, "ratelimited": 2, "failed": 0, "downloads": 1}
+
+
+def test_a_rate_limit_that_does_not_end_is_one_line(url, tmp_path):
+    control(url, ratelimit=10)
+    with pytest.raises(server.ServerError) as error:
+        server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url, retries=3))
+    assert str(error.value) == f"{url}: still RATELIMIT after 3 attempts"
+
+
+def test_429_and_5xx_answers_are_retried(url, tmp_path):
+    control(url, fail="503,429,500")  # the submission twice, then the first status check
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url))
+    assert unpaired["peptide"].startswith(f">101\n{NO_HIT}\n")
+    assert stats(url)["failed"] == 3
+    assert stats(url)["submitted"] == 1
+
+
+def test_an_unreachable_server_is_one_line_naming_the_url(tmp_path):
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"http://127.0.0.1:{port}"
+    with pytest.raises(server.ServerError) as error:
+        server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=address, retries=2))
+    message = str(error.value)
+    assert message.startswith(f"{address}/ticket/msa: MSA server unreachable (")
+    assert message.endswith("after 2 attempts")
+    assert "\n" not in message
+
+
+def test_an_error_ticket_costs_only_its_queries_and_is_resubmitted_by_a_rerun(url, tmp_path):
+    control(url, error=1)
+    settings = replace(FAST, url=url, batch_size=1, concurrency=1)
+    sequences = {"first": NO_HIT, "second": NO_HIT[:-5]}
+
+    unpaired, _, problems = server.search_each(sequences, {}, tmp_path, settings)
+
+    assert list(unpaired) == ["second"]
+    assert list(problems) == ["first"]
+    assert problems["first"].startswith(f"{url}: ticket ")
+    assert problems["first"].endswith("failed on the server (status ERROR)")
+    control(url, error=1)  # the counters start again from zero
+    with pytest.raises(server.ServerError, match=r"^\S+: ticket \w+ failed on the server \(status ERROR\)$"):
+        server.search(sequences, {}, tmp_path, settings)
+    assert stats(url)["submitted"] == 1  # only the failed query went out again
+
+    control(url)
+    unpaired, _ = server.search(sequences, {}, tmp_path, settings)
+    assert unpaired["first"].startswith(f">101\n{NO_HIT}\n")
+    assert stats(url)["submitted"] == 1
+
+
+def test_a_refused_batch_is_split_so_only_the_bad_query_fails(url, tmp_path):
+    control(url)
+    settings = replace(FAST, url=url, batch_size=3)
+    sequences = {"good": NO_HIT, "bad": "MKV1234", "also_good": NO_HIT[:-5]}
+
+    unpaired, _, problems = server.search_each(sequences, {}, tmp_path, settings)
+
+    assert sorted(unpaired) == ["also_good", "good"]
+    assert problems == {"bad": f"{url}: ticket/msa refused the query (status ERROR)"}
+    assert stats(url)["submitted"] == 2  # the batch was refused, then each sequence went out alone
+
+
+def test_an_interrupted_run_keeps_its_ticket_for_the_next(url, tmp_path):
+    control(url, stuck=1)
+    script = (
+        "import sys; from foldmill.msa import server; "
+        f"settings = server.ServerSettings(url={url!r}, poll_interval=0.05); "
+        f"server.search({{'peptide': {NO_HIT!r}}}, {{}}, sys.argv[1], settings)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.PIPE, text=True, env=python_environment()
+    )
+    for _ in range(600):  # the ticket is saved before it is polled
+        if list(tmp_path.glob("colabfold-server-*/tickets/*.json")) or process.poll() is not None:
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) != 0
+    assert "KeyboardInterrupt" in process.stderr.read()
+    assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
+
+    urllib.request.urlopen(f"{url}/control", data=b"stuck=0", timeout=10).read()
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url))
+    assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
+    assert stats(url)["submitted"] == 1
+
+
+def test_a_refused_query_is_one_line(url, tmp_path):
+    control(url)
+    with pytest.raises(server.ServerError, match=r"ticket/msa refused the query \(status ERROR\)$"):
+        server.search({"bad": "MKV1234"}, {}, tmp_path, replace(FAST, url=url))
+
+
+def test_a_stuck_ticket_gives_up_and_a_rerun_polls_the_same_ticket(url, tmp_path):
+    control(url, stuck=1)
+    settings = replace(FAST, url=url, max_wait=0.5)
+    with pytest.raises(server.ServerError, match=r"ticket \w+ still RUNNING after \d+ s \(rerun to keep waiting"):
+        server.search({"peptide": NO_HIT}, {}, tmp_path, settings)
+    assert stats(url)["submitted"] == 1
+    tickets = list(tmp_path.glob("colabfold-server-*/tickets/*.json"))
+    assert len(tickets) == 1
+
+    urllib.request.urlopen(f"{url}/control", data=b"stuck=0", timeout=10).read()
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(settings, max_wait=600))
+    assert unpaired["peptide"].startswith(f">101\n{NO_HIT}\n")
+    assert stats(url)["submitted"] == 1  # the same ticket, polled again
+    assert not tickets[0].exists()
+
+
+def test_a_ticket_the_server_forgot_is_submitted_again(url, tmp_path):
+    control(url, stuck=1)
+    settings = replace(FAST, url=url, max_wait=0.3)
+    with pytest.raises(server.ServerError, match="still RUNNING"):
+        server.search({"peptide": NO_HIT}, {}, tmp_path, settings)
+    assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
+
+    control(url, forget=1)  # a restarted server: the saved ticket is UNKNOWN there
+    unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(settings, max_wait=600))
+    assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
+    assert stats(url)["submitted"] == 1
+    assert not list(tmp_path.glob("colabfold-server-*/tickets/*.json"))
+
+
+def test_malformed_results_are_one_line(url, tmp_path):
+    control(url, malformed=1)
+    settings = replace(FAST, url=url)
+    with pytest.raises(server.ServerError, match=r"result of ticket \w+ is not a tar.gz"):
+        server.search({"peptide": NO_HIT}, {}, tmp_path / "a", settings)
+
+    control(url, drop=1)
+    with pytest.raises(server.ServerError) as error:
+        server.search({"peptide": NO_HIT, "shorter": NO_HIT[:-5]}, {}, tmp_path / "b", settings)
+    lacking = f"{url}: uniref.a3m lacks the MSA of query >102"
+    assert str(error.value) == f"{lacking} (2 sequence and complex ids without an MSA)"
+
+
+def test_settings_are_checked():
+    with pytest.raises(FoldmillError, match="msa.server_url must be an http"):
+        server.ServerSettings(url="api.colabfold.com")
+    with pytest.raises(FoldmillError, match="msa.server_pairing must be one of greedy, complete"):
+        server.ServerSettings(pairing_strategy="best")
+    assert server.ServerSettings().unpaired_mode() == "env"
+    assert server.ServerSettings(use_environmental=False, filter=False).unpaired_mode() == "nofilter"
+    assert server.ServerSettings().paired_mode() == "pairgreedy-env"  # what boltz --use_msa_server asks
+    assert server.ServerSettings(pairing_strategy="complete", pair_environmental=False).paired_mode() == "paircomplete"
+
+    settings = server.ServerSettings.from_config(
+        {"server_url": "http://127.0.0.1:8080/", "server_concurrency": 3, "server_pairing": "complete"}
+    )
+    assert settings.base_url == "http://127.0.0.1:8080"
+    assert (settings.concurrency, settings.paired_mode()) == (3, "paircomplete-env")
+    assert settings.batch_size == server.ServerSettings().batch_size
+    with pytest.raises(FoldmillError, match="msa.server_concurrency must be an integer, not 'many'"):
+        server.ServerSettings.from_config({"server_concurrency": "many"})
+    with pytest.raises(FoldmillError, match="msa.server_environmental must be true or false, not 'no'"):
+        server.ServerSettings.from_config({"server_environmental": "no"})
