@@ -37,14 +37,15 @@ import pandas as pd
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import atomic_path
 from foldmill.io.hashing import file_sha256
-from foldmill.msa import mmseqs
+from foldmill.msa import colabfold, mmseqs
 from foldmill.msa.keys import pairing_key
-from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, read_msa, rows_to_msa
+from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, a3m_text_rows, read_msa, rows_to_msa
 from foldmill.msa.types import MSA
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "search", "single_sequence", "user_only")
+PROTOCOLS = ("auto", "colabfold", "simple")
 MANIFEST_COLUMNS = ["chain_hash", "entity_type", "path", "depth", "source"]
 REJECT_COLUMNS = ["chain_hash", "target_ids", "source", "problem"]
 
@@ -56,6 +57,10 @@ class MSAStagingConfig:
     max_depth: int = DEFAULT_MAX_DEPTH
     cache_dir: str = ""  # "" = <manifest dir>/cache
     search: mmseqs.SearchSettings = field(default_factory=mmseqs.SearchSettings)
+    # colabfold: ColabFold's protocol against a ColabFold database directory; simple: one
+    # sequence search of a FASTA or MMseqs2 database; auto: colabfold for a ColabFold directory.
+    protocol: str = "auto"
+    colabfold: colabfold.ColabFoldSettings = field(default_factory=colabfold.ColabFoldSettings)
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> MSAStagingConfig:
@@ -65,9 +70,17 @@ class MSAStagingConfig:
             evalue=float(section.get("evalue", 0.1)),
             max_seqs=int(section.get("max_seqs", 10000)),
             diversity_filter=bool(section.get("diversity_filter", True)),
-            threads=int(threads or section.get("threads", 1)),
+            threads=threads,
+        )
+        threads = int(threads or section.get("threads", 1))
+        colabfold_settings = colabfold.ColabFoldSettings(
+            threads=threads,
+            use_environmental=bool(section.get("use_environmental", True)),
+            sensitivity=section.get("colabfold_sensitivity"),
         )
         return cls(
+            protocol=section.get("protocol", "auto"),
+            colabfold=colabfold_settings,
             mode=section.get("mode", "auto"),
             database=section.get("database", ""),
             max_depth=int(section.get("max_depth", DEFAULT_MAX_DEPTH)),
@@ -83,6 +96,13 @@ class MSAStagingConfig:
         if self.mode == "auto":
             return "search" if self.database else "single_sequence"
         return self.mode
+
+    def resolved_protocol(self) -> str:
+        if self.protocol not in PROTOCOLS:
+            raise FoldmillError(f"msa.protocol must be one of {', '.join(PROTOCOLS)}, not {self.protocol!r}")
+        if self.protocol == "auto":
+            return "colabfold" if colabfold.is_colabfold_directory(self.database) else "simple"
+        return self.protocol
 
 
 @dataclass
@@ -131,8 +151,13 @@ class MSACache:
 
 
 def search_variant(config: MSAStagingConfig) -> str:
-    signature = mmseqs.file_signature(config.database)
-    return "search-" + _digest(f"{signature}|{config.search.describe()}|depth={config.max_depth}")
+    if config.resolved_protocol() == "colabfold":
+        databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
+        signature = "|".join(mmseqs.file_signature(databases.path(name)) for name in databases.names())
+        settings = config.colabfold.describe()
+    else:
+        signature, settings = mmseqs.file_signature(config.database), config.search.describe()
+    return "search-" + _digest(f"{signature}|{settings}|depth={config.max_depth}")
 
 
 def stage_msas(
@@ -230,18 +255,44 @@ def _row(chain_hash: str, kind: str, path: Path, source: str) -> dict[str, objec
 
 
 def search_msas(queries: dict[str, str], config: MSAStagingConfig, cache_root: Path) -> dict[str, MSA]:
-    """One batched MMseqs2 search of all `queries` (chain_hash -> sequence); their MSAs."""
+    """One batched MMseqs2 run over all `queries` (chain_hash -> sequence); their MSAs."""
     cache_root.mkdir(parents=True, exist_ok=True)
-    database = mmseqs.target_database(config.database, cache_root)
     workdir = Path(tempfile.mkdtemp(prefix=".search.", dir=cache_root))
+    protocol = config.resolved_protocol()
     try:
-        log.info("searching %d chains against %s", len(queries), config.database)
-        hits = mmseqs.search(queries, database, workdir, config.search)
+        log.info("searching %d chains against %s (%s protocol)", len(queries), config.database, protocol)
+        if protocol == "colabfold":
+            rows = colabfold_rows(queries, config, workdir)
+        else:
+            rows = simple_search_rows(queries, config, workdir, cache_root)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    msas = {}
+    return {
+        chain_hash: rows_to_msa(iter(rows[chain_hash]), f"{config.database} (search for {chain_hash})",
+                                config.max_depth)
+        for chain_hash in queries
+    }
+
+
+def simple_search_rows(
+    queries: dict[str, str], config: MSAStagingConfig, workdir: Path, cache_root: Path
+) -> dict[str, list[RawRow]]:
+    database = mmseqs.target_database(config.database, cache_root)
+    hits = mmseqs.search(queries, database, workdir, config.search)
+    rows = {}
     for chain_hash, sequence in queries.items():
-        rows = [RawRow(sequence, "", "query")]
-        rows += [RawRow(h.a3m_row(len(sequence)), pairing_key(h.theader), f"hit {h.target}") for h in hits[chain_hash]]
-        msas[chain_hash] = rows_to_msa(iter(rows), f"{config.database} (search for {chain_hash})", config.max_depth)
-    return msas
+        rows[chain_hash] = [RawRow(sequence, "", "query")] + [
+            RawRow(h.a3m_row(len(sequence)), pairing_key(h.theader), f"hit {h.target}") for h in hits[chain_hash]
+        ]
+    return rows
+
+
+def colabfold_rows(queries: dict[str, str], config: MSAStagingConfig, workdir: Path) -> dict[str, list[RawRow]]:
+    """ColabFold's unpaired MSAs: UniRef30 rows, then the environmental database's (whose repeated
+    query row rows_to_msa drops as a duplicate)."""
+    databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
+    a3ms, _ = colabfold.search(queries, {}, databases, workdir, config.colabfold)
+    return {
+        chain_hash: list(a3m_text_rows(a3ms[chain_hash].splitlines(), f"{config.database} (ColabFold search)"))
+        for chain_hash in queries
+    }
