@@ -109,3 +109,17 @@ def write_taxonomy(target: Path, taxids: list[int]) -> None:
         + "".join(f"{taxid}\t|\ttaxon {taxid}\t|\t\t|\tscientific name\t|\n" for taxid in taxids)
     )
     Path(f"{target}_merged.dmp").write_text("")
+
+
+if __name__ == "__main__":
+    # python tests/colabfold_db.py DIR: the test databases (UniRef30-like and environmental) in DIR,
+    # e.g. for `foldmill bench msa --database DIR`.
+    import sys
+    import tempfile
+
+    from foldmill.msa.mmseqs import mmseqs_binary
+
+    a3ms = sorted((Path(__file__).parent / "data" / "msas").glob("*.a3m"))
+    with tempfile.TemporaryDirectory() as work:
+        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "uniref30_test", Path(work) / "uniref", min_seq_id=0.3)
+        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "colabfold_envdb_test", Path(work) / "env", min_seq_id=0.5)
