@@ -2,9 +2,9 @@
 # Set foldmill up on a fresh Debian machine: system packages, a virtualenv in .venv, the package.
 # Usage: scripts/setup.sh demo|test
 #   demo: what a workflow run needs (MMseqs2, foldmill and its dependencies)
-#   test: also the test suite's needs (a local Slurm cluster, pytest, the Boltz-2 oracle)
+#   test: also the test suite's needs (a local Slurm cluster, pytest, the Boltz-2 and ColabFold oracles)
 # A rerun with nothing changed only checks: the Debian packages with dpkg, the Python install
-# against a stamp in .venv holding a hash of pyproject.toml, the Python version and this checkout's
+# against a stamp in .venv holding a hash of pyproject.toml, this script, the Python version and this checkout's
 # path (remove .venv/.foldmill-setup-* to force a reinstall).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-fingerprint="$( (cat pyproject.toml; .venv/bin/python -V; pwd) | sha256sum | cut -d' ' -f1)"
+fingerprint="$( (cat pyproject.toml scripts/setup.sh; .venv/bin/python -V; pwd) | sha256sum | cut -d' ' -f1)"
 # A test install holds everything a demo install does.
 stamps=(".venv/.foldmill-setup-$mode")
 [ "$mode" = demo ] && stamps+=(".venv/.foldmill-setup-test")
@@ -57,5 +57,11 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
+if [ "$mode" = test ]; then
+    # ColabFold's own search, the oracle of the MSA tests. Its pins (pandas<3, biopython<1.86) clash
+    # with foldmill's, so it lives in its own folder and the tests run it in a subprocess.
+    .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/colabfold-oracle \
+        "colabfold==1.6.3" "importlib-metadata>=8.6.1,<9" "zipp>=3.20"
+fi
 echo "$fingerprint" > ".venv/.foldmill-setup-$mode"
 echo "setup: done ($mode; $(.venv/bin/python -c 'import foldmill; print("foldmill", foldmill.__version__)'))"

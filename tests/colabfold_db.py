@@ -16,6 +16,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from foldmill.msa.colabfold import read_database
+
 TAXID = re.compile(r"TaxID=(\d+)")
 
 
@@ -45,16 +47,6 @@ def a3m_sequences(paths: list[Path]) -> list[tuple[str, str, int]]:
     return records
 
 
-def read_db(prefix: Path) -> dict[int, bytes]:
-    """Entries of an uncompressed MMseqs2 database by key (the data file's null-terminated records)."""
-    data = Path(prefix).read_bytes()
-    entries = {}
-    for line in Path(f"{prefix}.index").read_text().splitlines():
-        key, offset, length = (int(field) for field in line.split("\t"))
-        entries[key] = data[offset : offset + length - 1]
-    return entries
-
-
 def build(mmseqs: str, a3m_paths: list[Path], dbbase: Path, name: str, workdir: Path, min_seq_id: float = 0.3,
           index: bool = False) -> Path:
     """Write `dbbase/{name}_db*` (expandable profile DB, index, taxonomy mapping); returns dbbase."""
@@ -73,27 +65,30 @@ def build(mmseqs: str, a3m_paths: list[Path], dbbase: Path, name: str, workdir: 
         "--threads", "2")
     run("align", workdir / "seq", workdir / "seq", workdir / "clu", workdir / "aln", "-a", "-e", "inf",
         "--alignment-mode", "3", "--threads", "2")
-    sequences = read_db(workdir / "seq")
-    headers = read_db(workdir / "seq_h")
-    alignments = read_db(workdir / "aln")
+    sequences = read_database(workdir / "seq")
+    headers = read_database(workdir / "seq_h")
+    alignments = read_database(workdir / "aln")
 
     base = workdir / name
     with open(f"{base}_seq.tsv", "w") as handle:
-        handle.writelines(f"{key}\t{sequences[key].decode().strip()}\n" for key in sorted(sequences))
+        handle.writelines(f"{key}\t{sequences[key].strip()}\n" for key in sorted(sequences))
     with open(f"{base}_h.tsv", "w") as handle:
-        handle.writelines(f"{key}\t{headers[key].decode().strip()}\n" for key in sorted(headers))
+        handle.writelines(f"{key}\t{headers[key].strip()}\n" for key in sorted(headers))
     # Each cluster is searched through its representative's sequence and expanded to its members.
     with open(f"{base}.tsv", "w") as handle:
-        handle.writelines(f"{key}\t{sequences[key].decode().strip()}\n" for key in sorted(alignments))
+        handle.writelines(f"{key}\t{sequences[key].strip()}\n" for key in sorted(alignments))
     with open(f"{base}_aln.tsv", "w") as handle:
         for key in sorted(alignments):
-            for row in alignments[key].decode().splitlines():
+            for row in alignments[key].splitlines():
                 handle.write(f"{key}\t{row}\n")
     target = dbbase / f"{name}_db"
     run("tsv2exprofiledb", base, target)
     if index:
         run("createindex", target, workdir / "tmp_index", "--remove-tmp-files", "1", "--threads", "2")
-    lookup = {line.split("\t")[1]: int(line.split("\t")[0]) for line in (workdir / "seq.lookup").read_text().splitlines()}
+    lookup = {}
+    for line in (workdir / "seq.lookup").read_text().splitlines():
+        key, name = line.split("\t")[:2]
+        lookup[name] = int(key)
     taxids = {header.split()[0]: taxid for header, _, taxid in records}
     with open(f"{target}_mapping", "w") as handle:
         handle.writelines(f"{lookup[name]}\t{taxids[name]}\n" for name in sorted(lookup, key=lookup.get))
@@ -114,3 +109,17 @@ def write_taxonomy(target: Path, taxids: list[int]) -> None:
         + "".join(f"{taxid}\t|\ttaxon {taxid}\t|\t\t|\tscientific name\t|\n" for taxid in taxids)
     )
     Path(f"{target}_merged.dmp").write_text("")
+
+
+if __name__ == "__main__":
+    # python tests/colabfold_db.py DIR: the test databases (UniRef30-like and environmental) in DIR,
+    # e.g. for `foldmill bench msa --database DIR`.
+    import sys
+    import tempfile
+
+    from foldmill.msa.mmseqs import mmseqs_binary
+
+    a3ms = sorted((Path(__file__).parent / "data" / "msas").glob("*.a3m"))
+    with tempfile.TemporaryDirectory() as work:
+        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "uniref30_test", Path(work) / "uniref", min_seq_id=0.3)
+        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "colabfold_envdb_test", Path(work) / "env", min_seq_id=0.5)

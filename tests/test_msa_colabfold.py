@@ -22,6 +22,8 @@ import colabfold_db
 from foldmill.errors import FoldmillError
 from foldmill.msa import colabfold
 from foldmill.msa.mmseqs import mmseqs_binary
+from foldmill.msa.parse import a3m_text_rows
+from foldmill.msa.staging import MSAStagingConfig, stage_msas
 
 REPO = Path(__file__).resolve().parents[1]
 MSAS = REPO / "tests" / "data" / "msas"
@@ -60,8 +62,10 @@ def colabfold_search(fasta: Path, database: colabfold.ColabFoldDatabases, out: P
         str(fasta), str(database.root), str(out), "--db1", database.uniref, "--db3", database.environmental,
         "--mmseqs", mmseqs_binary(), "--threads", "2",
     ]  # fmt: skip
-    code = f"import sys; sys.argv = ['colabfold_search'] + {arguments!r}; from colabfold.mmseqs.search import main; main()"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ORACLE)})
+    code = f"import sys; sys.argv = ['colabfold_search'] + {arguments!r}; "
+    code += "from colabfold.mmseqs.search import main; main()"
+    environment = {**os.environ, "PYTHONPATH": str(ORACLE)}
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=environment)
 
 
 @needs_oracle
@@ -76,7 +80,8 @@ def test_unpaired_msas_equal_colabfold_search(database, tmp_path):
     fasta.write_text("".join(f">{name}\n{sequence}\n" for name, sequence in queries.items()))
     colabfold_search(fasta, database, tmp_path / "colabfold")
 
-    ours, paired = colabfold.search(queries, {}, database, tmp_path / "foldmill", colabfold.ColabFoldSettings(threads=2))
+    settings = colabfold.ColabFoldSettings(threads=2)
+    ours, paired = colabfold.search(queries, {}, database, tmp_path / "foldmill", settings)
 
     assert paired == {}
     for name in queries:
@@ -103,7 +108,8 @@ def test_heterodimer_paired_msa_equals_colabfold_search(database, tmp_path):
     # its own msa_to_str builds that file from per-chain A3Ms, so ours go through it too. Query
     # rows are named by chain position within the complex there (>101, >102).
     unpaired_chains = [unpaired["alpha"], unpaired["beta"].replace(">101\n", ">102\n")]
-    payload = json.dumps({"unpaired": unpaired_chains, "paired": paired["hemoglobin"], "seqs": [alpha, HEMOGLOBIN_BETA]})
+    chains = {"unpaired": unpaired_chains, "paired": paired["hemoglobin"], "seqs": [alpha, HEMOGLOBIN_BETA]}
+    payload = json.dumps(chains)
     code = (
         "import json, sys; from colabfold.input import msa_to_str; d = json.loads(sys.stdin.read()); "
         "sys.stdout.write(msa_to_str(d['unpaired'], d['paired'], d['seqs'], [1, 1]))"
@@ -140,7 +146,7 @@ def test_database_problems_are_one_line_errors(database, tmp_path):
     unmapped = tmp_path / "unmapped"
     shutil.copytree(database.root, unmapped, ignore=shutil.ignore_patterns("*_mapping"))
     databases = colabfold.ColabFoldDatabases.find(unmapped)
-    with pytest.raises(FoldmillError, match="_mapping: missing: pairing complexes needs UniRef30's taxonomy mapping"):
+    with pytest.raises(FoldmillError, match="_mapping: missing: pairing complexes needs UniRef30's taxonomy"):
         colabfold.paired_msas([["MKV" * 10, "GSA" * 10]], databases, tmp_path / "work", colabfold.ColabFoldSettings())
 
 
@@ -160,3 +166,26 @@ def test_a_colabfold_directory_is_recognised(database, tmp_path):
     assert colabfold.is_colabfold_directory(database.root)
     assert not colabfold.is_colabfold_directory(tmp_path)
     assert not colabfold.is_colabfold_directory(MSAS / "seq1.a3m")
+
+
+def test_staging_searches_a_colabfold_directory_by_its_protocol(database, tmp_path):
+    alpha = query_of(MSAS / "1a00_A_uniref90.a3m")
+    chains = tmp_path / "unique_chains.tsv"
+    chains.write_text(
+        "chain_hash\tentity_type\tmsa\tsequence\n"
+        f"{'a' * 64}\tprotein\t\t{alpha}\n"
+        f"{'b' * 64}\tprotein\t\t{YEAST_PEPTIDE}\n"
+    )
+    config = MSAStagingConfig.from_config({"mode": "search", "database": str(database.root), "threads": 2})
+    assert config.resolved_protocol() == "colabfold"
+    result = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
+
+    a3ms, _ = colabfold.search({"alpha": alpha}, {}, database, tmp_path / "direct", config.colabfold)
+    sequences = [row.text.replace("-", "").upper() for row in a3m_text_rows(a3ms["alpha"].splitlines(), "direct")]
+    depths = dict(zip(result.manifest["chain_hash"], result.manifest["depth"]))
+    assert depths["a" * 64] == len(dict.fromkeys(s for s in sequences)) > 1000  # distinct rows, query first
+    assert depths["b" * 64] == 1  # no hit: the query alone
+    assert set(result.manifest["source"]) == {"search"}
+
+    again = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
+    assert again.searched == 0  # cached by sequence, database and protocol settings

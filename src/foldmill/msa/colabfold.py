@@ -133,7 +133,9 @@ def is_colabfold_directory(path: str | Path) -> bool:
 def _one_database(root: Path, pattern: str, what: str) -> str:
     names = sorted(p.name[: -len(".dbtype")] for p in root.glob(f"{pattern}.dbtype"))
     if not names:
-        raise FoldmillError(f"{root}: no {what} database ({pattern}) found: lay it out with ColabFold's setup_databases.sh")
+        raise FoldmillError(
+            f"{root}: no {what} database ({pattern}) found: lay it out with ColabFold's setup_databases.sh"
+        )
     if len(names) > 1:
         raise FoldmillError(f"{root}: several {what} databases ({', '.join(names)}): keep one")
     return names[0]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import gzip
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,22 +66,27 @@ def msa_format(path: str | Path) -> str:
 
 
 def a3m_rows(path: Path) -> Iterator[RawRow]:
+    with _open_text(path) as handle:
+        yield from a3m_text_rows(handle, str(path))
+
+
+def a3m_text_rows(lines: Iterable[str], source: str) -> Iterator[RawRow]:
+    """Rows of A3M text (a file's lines, or a search's output); `source` names it in errors."""
     header: str | None = None
     start = 0
     parts: list[str] = []
-    with _open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.replace("\x00", "").strip()
-            if not line or line[0] in "#;":
-                continue
-            if line.startswith(">"):
-                if header is not None:
-                    yield RawRow("".join(parts), pairing_key(header), f"line {start}")
-                header, start, parts = line[1:], number, []
-            elif header is None:
-                raise InputError(str(path), f"line {number}", "sequence before the first '>' header (not an A3M file?)")
-            else:
-                parts.append(line)
+    for number, line in enumerate(lines, start=1):
+        line = line.replace("\x00", "").strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith(">"):
+            if header is not None:
+                yield RawRow("".join(parts), pairing_key(header), f"line {start}")
+            header, start, parts = line[1:], number, []
+        elif header is None:
+            raise InputError(source, f"line {number}", "sequence before the first '>' header (not an A3M file?)")
+        else:
+            parts.append(line)
     if header is not None:
         yield RawRow("".join(parts), pairing_key(header), f"line {start}")
 

@@ -45,14 +45,15 @@ from foldmill.io.hashing import file_sha256
 from foldmill.io.tables import read_table, write_tables
 from foldmill.io.targets import Entity
 from foldmill.io.worklist import load_worklist
-from foldmill.msa import mmseqs
+from foldmill.msa import colabfold, mmseqs, server
 from foldmill.msa.keys import pairing_key
-from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, read_msa, rows_to_msa
+from foldmill.msa.parse import DEFAULT_MAX_DEPTH, RawRow, a3m_text_rows, read_msa, rows_to_msa
 from foldmill.msa.types import MSA
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "search", "single_sequence", "user_only")
+MODES = ("auto", "search", "server", "single_sequence", "user_only")
+PROTOCOLS = ("auto", "colabfold", "simple")
 MANIFEST_COLUMNS = ["chain_hash", "given_msa", "entity_type", "path", "depth", "source"]
 REJECT_COLUMNS = ["chain_hash", "given_msa", "target_ids", "source", "problem"]
 MSAKey = tuple[str, str]  # (sequence hash, MSA given with it: a file, "empty" or "")
@@ -70,6 +71,11 @@ class MSAStagingConfig:
     max_depth: int = DEFAULT_MAX_DEPTH
     cache_dir: str = ""  # "" = <manifest dir>/cache
     search: mmseqs.SearchSettings = field(default_factory=mmseqs.SearchSettings)
+    # colabfold: ColabFold's protocol against a ColabFold database directory; simple: one
+    # sequence search of a FASTA or MMseqs2 database; auto: colabfold for a ColabFold directory.
+    protocol: str = "auto"
+    colabfold: colabfold.ColabFoldSettings = field(default_factory=colabfold.ColabFoldSettings)
+    server: server.ServerSettings = field(default_factory=server.ServerSettings)  # msa.mode server
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> MSAStagingConfig:
@@ -83,7 +89,15 @@ class MSAStagingConfig:
             diversity_filter=bool(section["diversity_filter"]),
             threads=int(threads or section["threads"]),
         )
+        colabfold_settings = colabfold.ColabFoldSettings(
+            threads=search.threads,
+            use_environmental=bool(section["use_environmental"]),
+            sensitivity=section["colabfold_sensitivity"],
+        )
         return cls(
+            protocol=section["protocol"],
+            colabfold=colabfold_settings,
+            server=server.ServerSettings.from_config(section),
             mode=section["mode"],
             database=section["database"],
             max_depth=int(section["max_depth"]),
@@ -99,6 +113,13 @@ class MSAStagingConfig:
         if self.mode == "auto":
             return "search" if self.database else "single_sequence"
         return self.mode
+
+    def resolved_protocol(self) -> str:
+        if self.protocol not in PROTOCOLS:
+            raise FoldmillError(f"msa.protocol must be one of {', '.join(PROTOCOLS)}, not {self.protocol!r}")
+        if self.protocol == "auto":
+            return "colabfold" if colabfold.is_colabfold_directory(self.database) else "simple"
+        return self.protocol
 
 
 @dataclass
@@ -156,8 +177,16 @@ class MSACache:
 
 
 def search_variant(config: MSAStagingConfig) -> str:
-    signature = mmseqs.file_signature(config.database)
-    return "search-" + _digest(f"{signature}|{config.search.describe()}|depth={config.max_depth}")
+    """The cache name of searched MSAs: what produced them (database or server, and settings)."""
+    if config.resolved_mode() == "server":
+        return "server-" + _digest(f"{config.server.describe()}|depth={config.max_depth}")
+    if config.resolved_protocol() == "colabfold":
+        databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
+        signature = "|".join(mmseqs.file_signature(databases.path(name)) for name in databases.names())
+        settings = config.colabfold.describe()
+    else:
+        signature, settings = mmseqs.file_signature(config.database), config.search.describe()
+    return "search-" + _digest(f"{signature}|{settings}|depth={config.max_depth}")
 
 
 def stage_msas(
@@ -173,7 +202,7 @@ def stage_msas(
     chains = read_chains(chains_tsv)
     manifest_path = Path(manifest_path)
     cache = MSACache(config.cache_dir or manifest_path.parent / "cache" / "msa")
-    variant = search_variant(config) if mode == "search" else ""
+    variant = search_variant(config) if mode in ("search", "server") else ""
 
     rows: dict[MSAKey, dict[str, object]] = {}
     rejects: list[dict[str, str]] = []
@@ -223,9 +252,12 @@ def stage_msas(
             to_search[chain_hash] = sequence
 
     if to_search:
-        for chain_hash, msa in search_msas(to_search, config, cache.root).items():
+        msas, problems = search_msas(to_search, config, cache.root)
+        for chain_hash, msa in msas.items():
             msa.save(cache.path(chain_hash, variant))
             stage((chain_hash, ""), "protein", cache.path(chain_hash, variant), "search")
+        for chain_hash, problem in problems.items():
+            reject((chain_hash, ""), config.server.url, problem)
 
     order = zip(chains["chain_hash"], chains["msa"])
     manifest = pd.DataFrame([rows[key] for key in order if key in rows], columns=MANIFEST_COLUMNS)
@@ -245,7 +277,7 @@ def stage_msas(
 def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) -> str:
     """One line when a run that expected searched MSAs has protein chains with only their own sequence
     (no database configured, or no homolog found); "" otherwise. Chains given `msa: empty` do not count."""
-    if config.mode not in ("auto", "search"):
+    if config.mode not in ("auto", "search", "server"):
         return ""
     proteins = manifest[manifest["entity_type"] == "protein"]
     alone = proteins[(proteins["depth"].astype(int) <= 1) & (proteins["source"] != "user")]
@@ -259,19 +291,55 @@ def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) ->
     )
 
 
-def search_msas(queries: dict[str, str], config: MSAStagingConfig, cache_root: Path) -> dict[str, MSA]:
-    """One batched MMseqs2 search of all `queries` (chain_hash -> sequence); their MSAs."""
+def search_msas(
+    queries: dict[str, str], config: MSAStagingConfig, cache_root: Path
+) -> tuple[dict[str, MSA], dict[str, str]]:
+    """One batched run over all `queries` (chain_hash -> sequence): their MSAs, and a one-line problem
+    for each query the MSA server could not answer (a local search fails as a whole)."""
     cache_root.mkdir(parents=True, exist_ok=True)
+    problems: dict[str, str] = {}
+    if config.resolved_mode() == "server":
+        log.info("asking %s for the MSAs of %d chains", config.server.url, len(queries))
+        a3ms, _, problems = server.search_each(queries, {}, cache_root / "server", config.server)
+        rows = {name: list(a3m_text_rows(a3m.splitlines(), config.server.url)) for name, a3m in a3ms.items()}
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix=".search.", dir=cache_root))
+        protocol = config.resolved_protocol()
+        try:
+            log.info("searching %d chains against %s (%s protocol)", len(queries), config.database, protocol)
+            if protocol == "colabfold":
+                rows = colabfold_rows(queries, config, workdir)
+            else:
+                rows = simple_search_rows(queries, config, workdir, cache_root)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    source = config.server.url if config.resolved_mode() == "server" else config.database
+    msas = {
+        chain_hash: rows_to_msa(iter(chain_rows), f"{source} (search for {chain_hash})", config.max_depth)
+        for chain_hash, chain_rows in rows.items()
+    }
+    return msas, problems
+
+
+def simple_search_rows(
+    queries: dict[str, str], config: MSAStagingConfig, workdir: Path, cache_root: Path
+) -> dict[str, list[RawRow]]:
     database = mmseqs.target_database(config.database, cache_root)
-    workdir = Path(tempfile.mkdtemp(prefix=".search.", dir=cache_root))
-    try:
-        log.info("searching %d chains against %s", len(queries), config.database)
-        hits = mmseqs.search(queries, database, workdir, config.search)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    msas = {}
+    hits = mmseqs.search(queries, database, workdir, config.search)
+    rows = {}
     for chain_hash, sequence in queries.items():
-        rows = [RawRow(sequence, "", "query")]
-        rows += [RawRow(h.a3m_row(len(sequence)), pairing_key(h.theader), f"hit {h.target}") for h in hits[chain_hash]]
-        msas[chain_hash] = rows_to_msa(iter(rows), f"{config.database} (search for {chain_hash})", config.max_depth)
-    return msas
+        rows[chain_hash] = [RawRow(sequence, "", "query")] + [
+            RawRow(h.a3m_row(len(sequence)), pairing_key(h.theader), f"hit {h.target}") for h in hits[chain_hash]
+        ]
+    return rows
+
+
+def colabfold_rows(queries: dict[str, str], config: MSAStagingConfig, workdir: Path) -> dict[str, list[RawRow]]:
+    """ColabFold's unpaired MSAs: UniRef30 rows, then the environmental database's (whose repeated
+    query row rows_to_msa drops as a duplicate)."""
+    databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
+    a3ms, _ = colabfold.search(queries, {}, databases, workdir, config.colabfold)
+    return {
+        chain_hash: list(a3m_text_rows(a3ms[chain_hash].splitlines(), f"{config.database} (ColabFold search)"))
+        for chain_hash in queries
+    }

@@ -1,0 +1,140 @@
+"""`foldmill bench msa`: MSAs per second by ColabFold's protocol, foldmill against ColabFold's own search.
+
+In one run, against the same ColabFold-format database, with the same MMseqs2 and threads:
+- ColabFold's `colabfold_search` (its `colabfold.mmseqs.search` entry point, run as that command
+  runs it, from the package folder given by `--colabfold`) over the query FASTA;
+- foldmill's batched run (`foldmill.msa.colabfold.search`) over the same queries, checked equal to
+  ColabFold's A3Ms query by query;
+- foldmill's staging (`foldmill.msa.staging.stage_msas`, what the workflow runs) into an empty
+  cache, then again from that cache.
+Writes msa_bench.json and msa_bench.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from foldmill.errors import FoldmillError
+from foldmill.io.atomic import write_text_atomic
+from foldmill.msa import colabfold
+from foldmill.msa.mmseqs import mmseqs_binary
+from foldmill.msa.staging import MSAStagingConfig, stage_msas
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("msa", help="ColabFold-protocol MSAs: foldmill's batched run vs colabfold_search")
+    parser.add_argument("--queries", required=True, help="protein FASTA (e.g. a proteome)")
+    parser.add_argument("--database", required=True, help="ColabFold database directory (uniref30_*_db, ...)")
+    parser.add_argument("--colabfold", default=".venv/colabfold-oracle", help="folder holding the colabfold package")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default="results/bench/msa")
+    parser.set_defaults(handler=run)
+
+
+def read_fasta(path: Path) -> dict[str, str]:
+    sequences: dict[str, list[str]] = {}
+    name = None
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            name = f"q{len(sequences)}"
+            sequences[name] = []
+        elif name is not None:
+            sequences[name].append(line.strip())
+    return {name: "".join(parts) for name, parts in sequences.items() if parts}
+
+
+def timed(call) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = call()
+    return time.perf_counter() - started, result
+
+
+def run_colabfold_search(fasta: Path, databases: colabfold.ColabFoldDatabases, out: Path, package: Path,
+                         threads: int) -> None:  # fmt: skip
+    arguments = [
+        str(fasta), str(databases.root), str(out), "--db1", databases.uniref, "--mmseqs", mmseqs_binary(),
+        "--threads", str(threads), "--use-env", "1" if databases.environmental else "0",
+    ]  # fmt: skip
+    if databases.environmental:
+        arguments += ["--db3", databases.environmental]
+    code = f"import sys; sys.argv = ['colabfold_search'] + {arguments!r}; "
+    code += "from colabfold.mmseqs.search import main; main()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(package)}, check=False)  # fmt: skip
+    if result.returncode != 0:
+        tail = " | ".join(result.stderr.strip().splitlines()[-2:])
+        raise FoldmillError(f"colabfold_search failed (exit {result.returncode}): {tail}")
+
+
+def run(args: argparse.Namespace) -> int:
+    queries = read_fasta(Path(args.queries))
+    if not queries:
+        raise FoldmillError(f"{args.queries}: no sequences")
+    package = Path(args.colabfold)
+    if not (package / "colabfold").is_dir():
+        raise FoldmillError(
+            f"{package}: no colabfold package there (pip install --no-deps --target {package} colabfold)"
+        )
+    databases = colabfold.ColabFoldDatabases.find(args.database)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = colabfold.ColabFoldSettings(threads=args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="msa-bench-") as scratch:
+        scratch = Path(scratch)
+        fasta = scratch / "queries.fasta"
+        fasta.write_text("".join(f">{name}\n{sequence}\n" for name, sequence in queries.items()))
+
+        seconds, _ = timed(lambda: run_colabfold_search(fasta, databases, scratch / "colabfold", package, args.threads))
+        rows.append({"contender": "colabfold_search", "seconds": round(seconds, 2)})
+
+        seconds, (ours, _) = timed(lambda: colabfold.search(queries, {}, databases, scratch / "foldmill", settings))
+        different = [n for n in queries if ours[n] != (scratch / "colabfold" / f"{n}.a3m").read_text()]
+        rows.append({"contender": "foldmill colabfold.search", "seconds": round(seconds, 2),
+                     "equal_to_colabfold": f"{len(queries) - len(different)}/{len(queries)}"})  # fmt: skip
+
+        chains = scratch / "unique_chains.tsv"
+        unique = {hashlib.sha256(sequence.encode()).hexdigest(): sequence for sequence in queries.values()}
+        chains.write_text("chain_hash\tentity_type\tmsa\tsequence\n"
+                          + "".join(f"{h}\tprotein\t\t{s}\n" for h, s in unique.items()))  # fmt: skip
+        config = MSAStagingConfig.from_config(
+            {"mode": "search", "database": args.database, "threads": args.threads, "cache_dir": str(scratch / "cache")}
+        )
+        for label in ("foldmill staging, empty cache", "foldmill staging, from cache"):
+            seconds, _ = timed(lambda: stage_msas(chains, scratch / "staged" / "msa_manifest.tsv", config))
+            rows.append({"contender": label, "seconds": round(seconds, 2)})
+        shutil.rmtree(scratch / "colabfold", ignore_errors=True)
+
+    baseline = rows[0]["seconds"]
+    for row in rows:
+        row["msas_per_second"] = round(len(queries) / row["seconds"], 2)
+        row["speedup_vs_colabfold_search"] = round(baseline / row["seconds"], 2)
+    report = {"queries": len(queries), "threads": args.threads, "database": str(databases.root), "rows": rows}
+    write_text_atomic(out / "msa_bench.json", json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out / "msa_bench.md", markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"{report['queries']} queries, {report['threads']} threads, database {report['database']}",
+        "",
+        "| contender | seconds | MSAs/s | vs colabfold_search | equal A3Ms |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['contender']} | {row['seconds']} | {row['msas_per_second']} "
+            f"| {row['speedup_vs_colabfold_search']}x | {row.get('equal_to_colabfold', '')} |"
+        )
+    return "\n".join(lines) + "\n"
