@@ -56,7 +56,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, repo: Path) ->
     config = {"outdir": str(out), "inputs": [str(root / "targets.tsv")], "skip_bad": True, **CI_CONFIG}
     config["msa"] = {"mode": "auto", "database": ""}
     (root / "config.yaml").write_text(yaml.safe_dump(config))
-    wanted = [out / "summary.tsv", out / "export", out / "report" / "targets.html"]
+    wanted = [out / "summary.tsv", out / "export" / "manifest.tsv", out / "report" / "targets.html"]
     command = [sys.executable, "-m", "snakemake", *wanted, "--cores", "2", "--configfile", root / "config.yaml"]
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
