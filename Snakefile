@@ -16,6 +16,13 @@ configfile: "config/config.yaml"
 include: "rules/common.smk"
 
 
+# Ctrl-C or SIGTERM to Snakemake alone stops running jobs too (foldmill.runtime.job_signals).
+onstart:
+    from foldmill.runtime.job_signals import forward_stop_signals_to_jobs
+
+    forward_stop_signals_to_jobs()
+
+
 rule all:
     input:
         lambda wildcards: FINAL_OUTPUTS,

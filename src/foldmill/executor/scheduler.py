@@ -114,8 +114,11 @@ class Scheduler:
         on_fold: Callable[[Outcome], None] = lambda outcome: None,
         on_tick: Callable[[], None] = lambda: None,
         on_first_replica: Callable[[], None] = lambda: None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`on_first_replica` is called when the first model replica is ready (where fold time starts)."""
+        """`on_first_replica` is called when the first model replica is ready (where fold time starts);
+        `should_stop` is asked at every turn of the loop (an interrupt): true, the run ends at once and
+        the targets in flight get no record (a rerun folds them)."""
         self.pools = pools
         self.pending: deque[WorkItem] = deque(lead_with_small_targets(todo, len(pools.replicas)))
         self.featurized: list[Waiting] = []  # ready for a replica
@@ -131,6 +134,8 @@ class Scheduler:
         self.on_fold = on_fold
         self.on_tick = on_tick
         self.on_first_replica = on_first_replica
+        self.should_stop = should_stop
+        self.stopped = False  # ended by should_stop, with targets left
         self.checked_budget: float | None = None  # the largest replica budget `pending` was checked against
         self.peak_featurized = 0  # most featurized targets held at once (memory bound check)
         self.abort_reason = ""  # set when the run stopped early because a stage lost every worker
@@ -138,6 +143,10 @@ class Scheduler:
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while self.pending or self.featurized or self.folded or self.tickets:
+            if self.should_stop():
+                self.stopped = True
+                self._drain()
+                return
             self._check_pools()
             self._probe_restarting()
             self._dispatch()
