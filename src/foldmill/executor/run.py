@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from foldmill.executor.cluster import ray_session, start_pools, stop_pools
+from foldmill.executor.cluster import ray_session, ray_temp_dir, start_pools, stop_pools
 from foldmill.executor.engine import Engine, FeaturizeStage, Staging, WriteStage, kernel_cache_dir, run_provenance
 from foldmill.executor.interrupts import FoldInterrupted, stop_on_signals
 from foldmill.executor.plan import WorkItem, plan_run
@@ -100,7 +100,7 @@ def fold_targets(
     with stop_on_signals() as stop, _counted_on_interrupt(records, len(items)):
         if plan.todo:
             run_id = uuid.uuid4().hex[:12]
-            with ray_session(executor), Journal(journal) as out:
+            with ray_session(executor, *ray_temp_dir(executor, outdir, run_id)), Journal(journal) as out:
                 stop.install()
 
                 def keep(record: TargetRecord) -> None:

@@ -48,6 +48,7 @@ class ExecutorSettings:
     max_attempts: int = 3  # replica crashes a target may cause before it is failed
     object_store_mb: int = 0  # object store of a local Ray instance (0 = Ray's default)
     progress_seconds: float = 30.0  # interval of progress lines when stderr is not a terminal
+    scratch_dir: str = ""  # temp dir of a local Ray instance ("" = OUTDIR/.ray); see cluster.ray_temp_dir
 
     def ray_address(self) -> str | None:
         return self.address or os.environ.get("RAY_ADDRESS") or None
