@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
 from foldmill.errors import FoldmillError
 from foldmill.executor.scheduler import Pools, Slot
@@ -154,7 +155,7 @@ def start_pools(
     reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 
     def slots(handles: list[Any]) -> list[Slot]:
-        return [Slot(info["name"], handle, RESTARTS, started=True) for handle, info in zip(handles, reports)]
+        return [Slot(info["name"], handle, RESTARTS, started=True, pid=info["pid"]) for handle, info in zip(handles, reports)]
 
     return Pools(featurizers=slots(featurize_actors), replicas=starting, writers=slots(write_actors))
 
@@ -168,7 +169,12 @@ def stop_pools(pools: Pools) -> None:
 def _ready(handles: list[Any], also_kill: list[Any]) -> list[dict[str, Any]]:
     """What the started actors report; one whose stage could not be built stops the run with its error
     (every actor of the run goes, `also_kill` too)."""
-    reports = ray.get([handle.ready.remote() for handle in handles])
+    try:
+        reports = ray.get([handle.ready.remote() for handle in handles])
+    except RayError as error:  # e.g. killed by Ray's memory monitor while starting
+        for handle in handles + also_kill:
+            ray.kill(handle, no_restart=True)
+        raise FoldmillError(f"the workers could not start: {str(error).strip().splitlines()[0]}") from None
     for report in reports:
         if report["error"]:
             for handle in handles + also_kill:

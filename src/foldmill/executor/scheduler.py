@@ -33,7 +33,7 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from foldmill.errors import FoldmillError
-from foldmill.executor.faults import Outcome
+from foldmill.executor.faults import Outcome, crash_reason
 from foldmill.executor.plan import WorkItem, lead_with_small_targets, over_budget
 from foldmill.executor.records import TargetRecord
 
@@ -58,6 +58,7 @@ class Slot:
     probe: Any = None  # a `ready` call in flight while the actor starts, or restarts after a crash
     probe_after: float = 0.0  # when to probe again (monotonic), if not now
     created_at: float = field(default_factory=time.time)  # when the actor was asked for (wall clock)
+    pid: int = 0  # of the actor's current process, once it reported (tells why a crashed one died)
 
     @property
     def restarting(self) -> bool:
@@ -144,8 +145,7 @@ class Scheduler:
     def run(self) -> None:
         while self.pending or self.featurized or self.folded or self.tickets:
             if self.should_stop():
-                self.stopped = True
-                self._drain()
+                self._stop()
                 return
             self._check_pools()
             self._probe_restarting()
@@ -162,6 +162,13 @@ class Scheduler:
                     self._probed(self.probes.pop(ref))
             self._complete([self.tickets[ref] for ref in ready if ref in self.tickets])
             self.on_tick()
+
+    def _stop(self) -> None:
+        """End the run now: record the writes already finished (their targets are on disk), drop the rest."""
+        self.stopped = True
+        ready = ray.wait(list(self.tickets), num_returns=len(self.tickets), timeout=0)[0] if self.tickets else []
+        self._complete([self.tickets[ref] for ref in ready if self.tickets[ref].stage == "write"])
+        self._drain()
 
     def _check_pools(self) -> None:
         """Stop the run, failing what is left, when a stage has no worker left."""
@@ -352,8 +359,9 @@ class Scheduler:
 
     def _actor_crashed(self, slot: Slot, error: RayActorError) -> None:
         """An actor died under its calls: requeue them and wait (probing) until Ray has restarted it."""
-        log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, type(error).__name__, len(slot.inflight))
-        self._release(slot, "the worker process died")
+        reason = crash_reason(slot.pid, slot.inflight[0].item.n_tokens if slot.inflight else 0)
+        log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, reason, len(slot.inflight))
+        self._release(slot, reason)
         slot.restarts_left -= 1
         if slot.restarts_left < 0:
             log.warning("%s crashed too often: retired", slot.name)
@@ -384,6 +392,7 @@ class Scheduler:
             else:
                 first = not slot.started
                 slot.name, slot.token_budget, slot.started = report["name"], report["token_budget"], True
+                slot.pid = report["pid"]
                 split = ", ".join(f"{part} {seconds:.1f}" for part, seconds in report["build_split"].items())
                 built = f"process up in {report['started_at'] - slot.created_at:.1f} s, stage built in "
                 built += f"{report['build_seconds']:.1f} s" + (f" ({split})" if split else "")
