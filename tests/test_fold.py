@@ -61,8 +61,16 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
     args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]
+    unnamed = foldmill("fold", *args)
+    assert unnamed.returncode == 2 and unnamed.stderr.strip().splitlines() == [
+        "foldmill: error: no model: give --model CHECKPOINT (boltz2_conf.ckpt), or --model demo for random weights"
+    ]
+    args += ["--model", "demo"]
     done = foldmill("fold", *args)
     assert done.returncode == 0, done.stderr
+    announced = [line for line in done.stderr.splitlines() if "model: DEMO random weights" in line]
+    assert len(announced) == 1 and "structures are not predictions" in announced[0]
+    assert done.stderr.index("model: DEMO") < done.stderr.index("starting a local Ray")
     assert "ok 1 (0 from earlier runs), failed 0, rejected 0" in done.stderr
     structure = gemmi.read_structure(str(tmp_path / "predictions/prot/prot_model_0.cif"))
     chain = structure[0]["A"]
@@ -108,9 +116,13 @@ def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -
     while len(done_dirs(out)) < 3 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)  # what Slurm sends at a time limit or scancel
-    first.communicate(timeout=60)
+    stderr = first.communicate(timeout=60)[1]
     finished_first = done_dirs(out)
     assert 3 <= len(finished_first) < len(table), "the run was not interrupted mid-way"
+    assert first.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"foldmill: fold: interrupted (SIGTERM); rerun to resume ({len(finished_first)} of {len(table)} targets done)"
+    )
     assert not (out / "fold/fold.tsv").exists()
     assert_no_visible_partial_output(out)
 
@@ -129,6 +141,32 @@ def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -
     assert fold_table["target_id"].tolist() == table["target_id"].tolist()
     assert set(fold_table["status"]) == {"ok"}
     assert_no_visible_partial_output(out)
+
+
+def test_a_target_id_predicted_from_another_file_is_refused_and_the_prediction_kept(tmp_path: Path) -> None:
+    """A second input file reusing a target id with another sequence (listed first) does not replace the
+    earlier prediction: the target is rejected with both sources named; the other targets fold."""
+    first_file, second_file = tmp_path / "first.fasta", tmp_path / "second.fasta"
+    first_file.write_text(">shared\nMKTAYIAKQRQISFVKSHFSRQ\n")
+    second_file.write_text(">shared\nMSTNPKPQRKTKRNTNRRPQDVKFPGG\n>fresh\nMADEEKLPPGWEKRMSRSSG\n")
+    config = tmp_path / "ci.yaml"
+    config.write_text(yaml.safe_dump(CI_CONFIG))
+    out = tmp_path / "out"
+    first = foldmill("fold", str(first_file), "-o", str(out), "--config", str(config))
+    assert first.returncode == 0, first.stderr
+    before = done_dirs(out)
+
+    second = foldmill("fold", str(second_file), str(first_file), "--skip-bad", "-o", str(out), "--config", str(config))
+    assert second.returncode == 1, second.stderr
+    assert "Traceback" not in second.stderr
+    table = read_fold_table(out / "fold/fold.tsv").set_index("target_id")
+    assert table.loc["fresh", "status"] == "ok" and table.loc["shared", "status"] == "rejected"
+    reason = table.loc["shared", "reason"]
+    assert f"already predicted from different content, from {first_file}: " in reason
+    assert f"(this one: {second_file}: " in reason and "rename one of them" in reason
+    assert done_dirs(out)["shared"] == before["shared"], "the earlier prediction was replaced"
+    kept = json.loads((out / "predictions/shared/prediction_shared.json").read_text())
+    assert kept["provenance"]["input_source"] == str(first_file)
 
 
 def small_yeast_fasta(data_dir: Path, path: Path, count: int = 8) -> list[str]:

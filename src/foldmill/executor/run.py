@@ -82,6 +82,10 @@ def fold_targets(
     """Fold `items` into OUTDIR/predictions, write the fold table `table`, return the run's records."""
     outputs = outputs or OutputSettings()
     started = time.monotonic()
+    if model.is_demo:
+        log.warning("%s", model.announcement())
+    else:
+        log.info("%s", model.announcement())
     provenance = run_provenance(model)
     plan = plan_run(items, outdir, provenance)
     journal = journal_path(table)
@@ -93,6 +97,8 @@ def fold_targets(
             record = TargetRecord(item.target_id, "ok", "", item.n_tokens)
         record.prediction_dir = str(target_dir(outdir, item.target_id))
         records[item.target_id] = record
+    for record in plan.refused:
+        records[record.target_id] = record
     log.info("%d targets: %d finished earlier, %d to fold (%d tokens)", len(items), len(plan.finished), len(plan.todo), sum(i.n_tokens for i in plan.todo))
     progress = Progress(len(plan.todo), sum(item.n_tokens for item in plan.todo), interval=executor.progress_seconds)
     scheduler = None
@@ -139,8 +145,7 @@ def fold_targets(
                     stop.deferred = True  # from here the loop polls the request, at least once a second
                     scheduler.run()
                     fold_seconds = time.monotonic() - progress.started
-                    if not scheduler.stopped:
-                        progress.finish()
+                    progress.finish()
                 finally:
                     stop_pools(pools)
                 if scheduler.stopped:

@@ -35,6 +35,12 @@ class ModelSettings:
     def is_demo(self) -> bool:
         return self.checkpoint == "demo"
 
+    def announcement(self) -> str:
+        """The line a run starts with (console and fold log): which model, and loudly when it is no model at all."""
+        if self.is_demo:
+            return "model: DEMO random weights (model.checkpoint: demo) - structures are not predictions"
+        return f"model: checkpoint {self.checkpoint}"
+
 
 @dataclass(frozen=True)
 class ExecutorSettings:
