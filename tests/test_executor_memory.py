@@ -70,6 +70,7 @@ def test_a_replica_killed_for_memory_says_out_of_memory_with_the_tokens(ray_with
     assert len(records) == len(items)
     big = status["big"]
     assert big.status == "failed", big
-    assert big.reason.startswith("fold: out of memory (1500 tokens; the worker was killed by Ray's memory monitor, memory ")
+    killed = "fold: out of memory (1500 tokens; the worker was killed by Ray's memory monitor, memory "
+    assert big.reason.startswith(killed), big.reason
     assert " used / " in big.reason and "limit" in big.reason and "(1 times with this target)" in big.reason
     assert all(status[f"t{i}"].status == "ok" for i in range(3))

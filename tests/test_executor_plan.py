@@ -78,7 +78,8 @@ def test_an_id_predicted_from_other_content_of_another_file_is_refused_with_both
     assert [i.target_id for i in plan.todo] == ["edited", "unknown_origin"]  # an edit of the same input folds again
     [refused] = plan.refused
     assert (refused.target_id, refused.status) == ("reused", "rejected")
-    assert "already predicted from different content, from a.fasta: record 2 (this one: b.fasta: record 1)" in refused.reason
+    both = "already predicted from different content, from a.fasta: record 2 (this one: b.fasta: record 1)"
+    assert both in refused.reason
 
 
 def test_plan_without_a_predictions_directory_folds_everything(tmp_path: Path) -> None:

@@ -226,7 +226,8 @@ def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
     assert "Traceback" not in console and "SIGTERM received" not in console, console[-3000:]
     interrupted = [line for line in console.splitlines() if "fold: interrupted" in line]
     signal_name = "SIGINT" if how == "ctrl-c" else "SIGTERM"  # Snakemake passes either one on as SIGTERM
-    assert len(interrupted) == 1 and f"interrupted ({signal_name}); rerun to resume (" in interrupted[0], console[-3000:]
+    assert len(interrupted) == 1, console[-3000:]
+    assert f"interrupted ({signal_name}); rerun to resume (" in interrupted[0]
     finished_first = done_dirs(out)
     assert 2 <= len(finished_first) < len(ids)
     assert f"({len(finished_first)} of {len(ids)} targets done)" in interrupted[0]
@@ -237,6 +238,8 @@ def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     log = next((out / "logs/fold").glob("shard_*.log")).read_text()
     assert f"{len(finished_first)} finished earlier, {len(ids) - len(finished_first)} to fold" in log
+    demo = "model: DEMO random weights (model.checkpoint: demo) - structures are not predictions"
+    assert log.splitlines()[0].endswith(demo)
     finished = done_dirs(out)
     assert set(finished) == set(ids)
     assert {k: finished[k] for k in finished_first} == finished_first, "a finished target was written again"
@@ -254,8 +257,8 @@ def test_ray_keeps_its_session_under_the_outdir_and_serves_no_dashboard(data_dir
     config.write_text(yaml.safe_dump(CI_CONFIG))
     out = Path(tempfile.mkdtemp(prefix="fm-"))  # short enough for Ray's socket paths, unlike pytest's tmp_path
     try:
-        run = subprocess.Popen([*FOLDMILL, "fold", str(tmp_path / "small.fasta"), "-o", str(out), "--config", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        args = ["fold", str(tmp_path / "small.fasta"), "-o", str(out), "--config", str(config)]
+        run = subprocess.Popen([*FOLDMILL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         dashboards: dict[int, list[str]] = {}
         listening: dict[int, list] = {}
         while run.poll() is None:

@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--staged", type=Path, help="use the MSAs and templates a workflow run staged (its OUTDIR/staged)")
     model = parser.add_argument_group("model and recipe (default: the config's, else Boltz-2's)")
     model.add_argument(
-        "--model", help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights); required unless --config sets it"
+        "--model",
+        help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights); required unless --config sets it",
     )
     model.add_argument("--device", choices=DEVICES, help="default: cuda when available, else cpu")
     for option in RECIPE_OPTIONS:

@@ -155,7 +155,10 @@ def start_pools(
     reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 
     def slots(handles: list[Any]) -> list[Slot]:
-        return [Slot(info["name"], handle, RESTARTS, started=True, pid=info["pid"]) for handle, info in zip(handles, reports)]
+        return [
+            Slot(info["name"], handle, RESTARTS, started=True, pid=info["pid"])
+            for handle, info in zip(handles, reports)
+        ]
 
     return Pools(featurizers=slots(featurize_actors), replicas=starting, writers=slots(write_actors))
 

@@ -28,7 +28,8 @@ class FoldInterrupted(KeyboardInterrupt):
 
     @property
     def message(self) -> str:
-        return f"fold: interrupted ({signal.Signals(self.signum).name}); rerun to resume ({self.done} of {self.total} targets done)"
+        name = signal.Signals(self.signum).name
+        return f"fold: interrupted ({name}); rerun to resume ({self.done} of {self.total} targets done)"
 
     @property
     def exit_code(self) -> int:
