@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import ActorDiedError, OutOfMemoryError, RayActorError
 
 from foldmill.errors import FoldmillError
 from foldmill.executor.faults import Outcome, crash_reason
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PER_WORKER = 2  # calls queued on one actor: one running, one ready to start
 WAIT_SECONDS = 1.0  # longest pause between progress updates
 PROBE_SECONDS = 0.5  # pause between checks of an actor Ray is restarting
+# What a call returns when its actor's process died under it: an actor error, or, when Ray's memory
+# monitor killed the process during the call, an out-of-memory error.
+WORKER_LOST = (RayActorError, OutOfMemoryError)
 
 
 @dataclass(eq=False)
@@ -272,7 +275,7 @@ class Scheduler:
         writes = [ticket for ticket in tickets if ticket.stage == "write"]
         try:
             values = ray.get([ticket.outcome_ref for ticket in tickets] + [ticket.result_ref for ticket in writes])
-        except RayActorError:
+        except WORKER_LOST:
             for ticket in tickets:
                 self._settle_alone(ticket)
             return
@@ -288,7 +291,7 @@ class Scheduler:
         try:
             outcome: Outcome = ray.get(ticket.outcome_ref)
             prediction_dir = ray.get(ticket.result_ref) if ticket.stage == "write" else None
-        except RayActorError as error:
+        except WORKER_LOST as error:
             self._actor_crashed(ticket.slot, error)
             return
         self._settle(ticket, outcome, prediction_dir)
@@ -357,7 +360,7 @@ class Scheduler:
             self._requeue(ticket)
         slot.inflight.clear()
 
-    def _actor_crashed(self, slot: Slot, error: RayActorError) -> None:
+    def _actor_crashed(self, slot: Slot, error: Exception) -> None:
         """An actor died under its calls: requeue them and wait (probing) until Ray has restarted it."""
         reason = crash_reason(slot.pid, slot.inflight[0].item.n_tokens if slot.inflight else 0)
         log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, reason, len(slot.inflight))
@@ -405,7 +408,7 @@ class Scheduler:
         except ActorDiedError as error:
             log.warning("%s cannot be restarted: retired (%s)", slot.name, error)
             slot.retired = True
-        except RayActorError:
+        except WORKER_LOST:
             slot.probe_after = time.monotonic() + PROBE_SECONDS  # still restarting
         slot.probe = None
 
