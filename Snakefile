@@ -19,6 +19,13 @@ if not config and not workflow.config_settings.configfiles:
 include: "rules/common.smk"
 
 
+# Ctrl-C or SIGTERM to Snakemake alone stops running jobs too (foldmill.runtime.job_signals).
+onstart:
+    from foldmill.runtime.job_signals import forward_stop_signals_to_jobs
+
+    forward_stop_signals_to_jobs()
+
+
 rule all:
     input:
         lambda wildcards: FINAL_OUTPUTS,

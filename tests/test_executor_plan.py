@@ -65,6 +65,23 @@ def test_plan_skips_only_targets_finished_with_the_same_inputs_and_settings(tmp_
     assert sorted(i.target_id for i in plan.todo) == ["edited", "half", "new", "other_recipe"]
 
 
+def test_an_id_predicted_from_other_content_of_another_file_is_refused_with_both_sources(tmp_path: Path) -> None:
+    earlier = {**PROVENANCE, "content_hash": "old", "input_source": "a.fasta", "input_record": "record 2"}
+    for name in ("reused", "edited", "unknown_origin"):
+        finish(tmp_path, name, earlier)
+
+    def sourced(target_id: str, source: str) -> WorkItem:
+        return WorkItem(target_id, 10, "new", json.dumps({"source": source, "record": "record 1"}))
+
+    items = [sourced("reused", "b.fasta"), sourced("edited", "a.fasta"), item("unknown_origin", 10, "new")]
+    plan = plan_run(items, tmp_path, PROVENANCE)
+    assert [i.target_id for i in plan.todo] == ["edited", "unknown_origin"]  # an edit of the same input folds again
+    [refused] = plan.refused
+    assert (refused.target_id, refused.status) == ("reused", "rejected")
+    both = "already predicted from different content, from a.fasta: record 2 (this one: b.fasta: record 1)"
+    assert both in refused.reason
+
+
 def test_plan_without_a_predictions_directory_folds_everything(tmp_path: Path) -> None:
     assert [i.target_id for i in plan_run([item("a", 10)], tmp_path / "absent", PROVENANCE).todo] == ["a"]
     (tmp_path / "predictions").write_text("not a directory")

@@ -237,7 +237,8 @@ def test_out_of_memory_retries_one_sample_at_a_time_then_rejects(monkeypatch) ->
     assert prediction.provenance["content_hash"] == featurized.content_hash
 
     monkeypatch.setattr(engine.model, "predict", lambda features, recipe: (_ for _ in ()).throw(torch.OutOfMemoryError("out of memory")))
-    with pytest.raises(TargetRejected, match="out of cpu memory at 22 tokens"):
+    rejected = r"out of memory \(22 tokens; cpu memory, even denoising one sample at a time\)"
+    with pytest.raises(TargetRejected, match=rejected):
         engine(FoldInput(featurized.featurized, featurized.features, featurized.content_hash))
 
 

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import gemmi
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 import yaml
+from Bio import SeqIO
 
 from foldmill.executor.records import journal_path
 from foldmill.io.worklist import build_worklist, write_worklist
@@ -55,10 +60,17 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
     """`foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
-    args = [str(example), "-o", str(tmp_path), "--model", "demo", "--device", "cpu", "--recycling-steps", "0",
-            "--sampling-steps", "2"]  # fmt: skip
+    args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]
+    unnamed = foldmill("fold", *args)
+    assert unnamed.returncode == 2 and unnamed.stderr.strip().splitlines() == [
+        "foldmill: error: no model: give --model CHECKPOINT (boltz2_conf.ckpt), or --model demo for random weights"
+    ]
+    args += ["--model", "demo"]
     done = foldmill("fold", *args)
     assert done.returncode == 0, done.stderr
+    announced = [line for line in done.stderr.splitlines() if "model: DEMO random weights" in line]
+    assert len(announced) == 1 and "structures are not predictions" in announced[0]
+    assert done.stderr.index("model: DEMO") < done.stderr.index("starting a local Ray")
     assert "ok 1 (0 from earlier runs), failed 0, rejected 0" in done.stderr
     structure = gemmi.read_structure(str(tmp_path / "predictions/prot/prot_model_0.cif"))
     chain = structure[0]["A"]
@@ -106,9 +118,13 @@ def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -
     while len(done_dirs(out)) < 3 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)  # what Slurm sends at a time limit or scancel
-    first.communicate(timeout=60)
+    stderr = first.communicate(timeout=60)[1]
     finished_first = done_dirs(out)
     assert 3 <= len(finished_first) < len(table), "the run was not interrupted mid-way"
+    assert first.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"foldmill: fold: interrupted (SIGTERM); rerun to resume ({len(finished_first)} of {len(table)} targets done)"
+    )
     assert not (out / "fold/fold.tsv").exists()
     assert_no_visible_partial_output(out)
 
@@ -127,6 +143,155 @@ def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -
     assert fold_table["target_id"].tolist() == table["target_id"].tolist()
     assert set(fold_table["status"]) == {"ok"}
     assert_no_visible_partial_output(out)
+
+
+def test_a_target_id_predicted_from_another_file_is_refused_and_the_prediction_kept(tmp_path: Path) -> None:
+    """A second input file reusing a target id with another sequence (listed first) does not replace the
+    earlier prediction: the target is rejected with both sources named; the other targets fold."""
+    first_file, second_file = tmp_path / "first.fasta", tmp_path / "second.fasta"
+    first_file.write_text(">shared\nMKTAYIAKQRQISFVKSHFSRQ\n")
+    second_file.write_text(">shared\nMSTNPKPQRKTKRNTNRRPQDVKFPGG\n>fresh\nMADEEKLPPGWEKRMSRSSG\n")
+    config = tmp_path / "ci.yaml"
+    config.write_text(yaml.safe_dump(CI_CONFIG))
+    out = tmp_path / "out"
+    first = foldmill("fold", str(first_file), "-o", str(out), "--config", str(config))
+    assert first.returncode == 0, first.stderr
+    before = done_dirs(out)
+
+    second = foldmill("fold", str(second_file), str(first_file), "--skip-bad", "-o", str(out), "--config", str(config))
+    assert second.returncode == 1, second.stderr
+    assert "Traceback" not in second.stderr
+    table = read_fold_table(out / "fold/fold.tsv").set_index("target_id")
+    assert table.loc["fresh", "status"] == "ok" and table.loc["shared", "status"] == "rejected"
+    reason = table.loc["shared", "reason"]
+    assert f"already predicted from different content, from {first_file}: " in reason
+    assert f"(this one: {second_file}: " in reason and "rename one of them" in reason
+    assert done_dirs(out)["shared"] == before["shared"], "the earlier prediction was replaced"
+    kept = json.loads((out / "predictions/shared/prediction_shared.json").read_text())
+    assert kept["provenance"]["input_source"] == str(first_file)
+
+
+def small_yeast_fasta(data_dir: Path, path: Path, count: int = 8) -> list[str]:
+    """The first `count` yeast chromosome I proteins of at most 150 residues, as a FASTA file; their ids."""
+    records = [r for r in SeqIO.parse(data_dir / "proteomes/yeast_chr1.fasta", "fasta") if len(r.seq) <= 150][:count]
+    SeqIO.write(records, path, "fasta")
+    return [record.id for record in records]
+
+
+def wait_for_done_markers(outdir: Path, count: int, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(done_dirs(outdir)) < count and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+
+
+def wait_until_gone(processes: list[psutil.Process], timeout: float = 30) -> list[psutil.Process]:
+    """The processes still alive (zombies count as gone) after at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-snakemake", "sigint-to-snakemake"])
+def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
+    how: str, repo: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT to the process group) or a signal to Snakemake alone stops the fold job and its Ray
+    processes with one line, no traceback; the rerun folds only the targets not finished before."""
+    out = tmp_path / "out"
+    ids = small_yeast_fasta(data_dir, tmp_path / "small.fasta")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"outdir": str(out), "inputs": [str(tmp_path / "small.fasta")], **CI_CONFIG}))
+    command = [sys.executable, "-m", "snakemake", str(out / "summary.tsv"), "--cores", "2", "--configfile", str(config)]
+    stderr = (tmp_path / "stderr.txt").open("w+")
+    run = subprocess.Popen(command, cwd=repo, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        wait_for_done_markers(out, 2, run)
+        processes = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
+        assert any("ray::" in " ".join(p.cmdline()) for p in processes), "no Ray worker to check"
+        if how == "ctrl-c":
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            run.send_signal(signal.SIGTERM if how == "sigterm-to-snakemake" else signal.SIGINT)
+        alive = wait_until_gone(processes)
+        assert not alive, f"still running: {[(p.pid, p.cmdline()[:2]) for p in alive]}"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    stderr.seek(0)
+    console = stderr.read()
+    assert run.returncode != 0
+    assert "Traceback" not in console and "SIGTERM received" not in console, console[-3000:]
+    interrupted = [line for line in console.splitlines() if "fold: interrupted" in line]
+    signal_name = "SIGINT" if how == "ctrl-c" else "SIGTERM"  # Snakemake passes either one on as SIGTERM
+    assert len(interrupted) == 1, console[-3000:]
+    assert f"interrupted ({signal_name}); rerun to resume (" in interrupted[0]
+    finished_first = done_dirs(out)
+    assert 2 <= len(finished_first) < len(ids)
+    assert f"({len(finished_first)} of {len(ids)} targets done)" in interrupted[0]
+    assert not list((out / "fold").glob("shard_*.tsv"))
+    assert_no_visible_partial_output(out)
+
+    rerun = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    log = next((out / "logs/fold").glob("shard_*.log")).read_text()
+    assert f"{len(finished_first)} finished earlier, {len(ids) - len(finished_first)} to fold" in log
+    demo = "model: DEMO random weights (model.checkpoint: demo) - structures are not predictions"
+    assert log.splitlines()[0].endswith(demo)
+    finished = done_dirs(out)
+    assert set(finished) == set(ids)
+    assert {k: finished[k] for k in finished_first} == finished_first, "a finished target was written again"
+
+
+def ray_sessions_of(pid: int) -> list[Path]:
+    """Ray's default sessions (/tmp/ray) started by process `pid` (Ray names a session after its driver's pid)."""
+    return list(Path(tempfile.gettempdir(), "ray").glob(f"session_*_{pid}"))
+
+
+def test_ray_keeps_its_session_under_the_outdir_and_serves_no_dashboard(data_dir: Path, tmp_path: Path) -> None:
+    """Ray's session (logs, sockets) goes to OUTDIR/.ray, not /tmp/ray; the dashboard's web server is off."""
+    small_yeast_fasta(data_dir, tmp_path / "small.fasta", count=2)
+    config = tmp_path / "ci.yaml"
+    config.write_text(yaml.safe_dump(CI_CONFIG))
+    out = Path(tempfile.mkdtemp(prefix="fm-"))  # short enough for Ray's socket paths, unlike pytest's tmp_path
+    try:
+        args = ["fold", str(tmp_path / "small.fasta"), "-o", str(out), "--config", str(config)]
+        run = subprocess.Popen([*FOLDMILL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        dashboards: dict[int, list[str]] = {}
+        listening: dict[int, list] = {}
+        while run.poll() is None:
+            for process in psutil.Process(run.pid).children(recursive=True):
+                try:
+                    command = process.cmdline()
+                    if any("dashboard/dashboard.py" in part for part in command):
+                        dashboards[process.pid] = command
+                        listening[process.pid] = [c for c in process.net_connections("inet") if c.status == "LISTEN"]
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+        stderr = run.stderr.read()
+        assert run.returncode == 0, stderr
+        assert not ray_sessions_of(run.pid), "the run started a session in /tmp/ray"
+        assert list((out / ".ray").glob(f"session_*_{run.pid}/logs")), "no Ray session under OUTDIR/.ray"
+        # Ray 2.x always runs its API server process (raylet and job bookkeeping); the dashboard UI is off.
+        for pid, command in dashboards.items():
+            assert "--disable-frontend" in command and not listening[pid], (command, listening[pid])
+
+        long_out = tmp_path / ("x" * 40) / "out"  # too long: a directory of the run under /tmp, removed after
+        args = ["fold", str(tmp_path / "small.fasta"), "-o", str(long_out), "--config", str(config)]
+        rerun = subprocess.Popen([*FOLDMILL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = rerun.communicate()[1]
+        assert rerun.returncode == 0, stderr
+        assert "is too long for Ray's socket paths" in stderr
+        fallback = stderr.split("Ray's temp dir is ")[1].split()[0]
+        assert fallback.startswith(tempfile.gettempdir()) and not Path(fallback).exists()
+        assert not ray_sessions_of(rerun.pid) and not (long_out / ".ray").exists()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.mark.slow

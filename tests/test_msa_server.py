@@ -25,6 +25,7 @@ import colabfold_db
 from foldmill.errors import FoldmillError
 from foldmill.msa import colabfold, server
 from foldmill.msa.mmseqs import mmseqs_binary
+from foldmill.msa.staging import MSAStagingConfig, stage_msas
 
 REPO = Path(__file__).resolve().parents[1]
 MSAS = REPO / "tests" / "data" / "msas"
@@ -295,3 +296,28 @@ def test_settings_are_checked():
         server.ServerSettings.from_config({"server_concurrency": "many"})
     with pytest.raises(FoldmillError, match="msa.server_environmental must be true or false, not 'no'"):
         server.ServerSettings.from_config({"server_environmental": "no"})
+
+
+def test_staging_in_server_mode_rejects_only_what_the_server_refuses(url, database, tmp_path):
+    control(url)
+    alpha = query_of(MSAS / "1a00_A_uniref90.a3m")
+    chains = tmp_path / "unique_chains.tsv"
+    chains.write_text(
+        "chain_hash\tentity_type\tmsa\tsequence\n"
+        f"{'a' * 64}\tprotein\t\t{alpha}\n{'b' * 64}\tprotein\t\t{NO_HIT}\n{'c' * 64}\tprotein\t\tMKV1234\n"
+    )
+    config = MSAStagingConfig.from_config({"mode": "server", "server_url": url, "server_batch_size": 3})
+    config = replace(config, server=replace(FAST, url=url, batch_size=3))
+    staged = tmp_path / "staged"
+    result = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
+
+    depths = dict(zip(result.manifest["chain_hash"], result.manifest["depth"]))
+    local, _ = colabfold.search({"alpha": alpha}, {}, database, tmp_path / "local", colabfold.ColabFoldSettings())
+    rows = [line.upper().replace("-", "") for line in local["alpha"].splitlines() if not line.startswith(">")]
+    assert depths == {"a" * 64: len(dict.fromkeys(rows)), "b" * 64: 1}
+    assert list(result.rejects["chain_hash"]) == ["c" * 64]
+    assert result.rejects["problem"].iloc[0] == f"{url}: ticket/msa refused the query (status ERROR)"
+    assert set(result.manifest["source"]) == {"search"}
+
+    again = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
+    assert again.searched == 1  # only the refused one is asked again; the rest come from the cache

@@ -4,7 +4,9 @@ Inputs are what `foldmill worklist` reads (Boltz YAML/FASTA, proteome FASTA, tar
 with --worklist, a worklist or shard table. MSAs come from each target's own `msa:` (or the
 sequence alone) unless --staged names a workflow run's staged inputs. Settings come from the
 `model:`, `executor:` and `outputs:` sections of a workflow config (--config; config/README.md)
-and the options below, which win. A rerun skips targets already written.
+and the options below, which win. The model is named explicitly: --model CHECKPOINT, or
+model.checkpoint in the config; `--model demo` folds with seeded random weights (a demo, not a
+prediction, and said so at start). A rerun skips targets already written.
 Exit status: 0 every target folded, 1 some failed or were rejected (see OUTDIR/fold/fold.tsv),
 2 unusable input or settings.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
 from foldmill.executor.engine import Staging
+from foldmill.executor.interrupts import FoldInterrupted
 from foldmill.executor.run import OutputSettings, fold_targets, read_work_items, work_items
 from foldmill.executor.settings import DEVICES, ExecutorSettings, ModelSettings, executor_settings, model_settings
 from foldmill.io.worklist import build_worklist
@@ -43,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, help="workflow config whose model:, executor: and outputs: sections to use")
     parser.add_argument("--staged", type=Path, help="use the MSAs and templates a workflow run staged (its OUTDIR/staged)")
     model = parser.add_argument_group("model and recipe (default: the config's, else Boltz-2's)")
-    model.add_argument("--model", help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights)")
+    model.add_argument(
+        "--model",
+        help="checkpoint (boltz2_conf.ckpt) or 'demo' (seeded random weights); required unless --config sets it",
+    )
     model.add_argument("--device", choices=("auto", *DEVICES), help="default auto: cuda when available, else cpu")
     for option in RECIPE_OPTIONS:
         model.add_argument(f"--{option.replace('_', '-')}", type=int)
@@ -71,10 +77,12 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelSettings, ExecutorSett
     recipe = {name: getattr(args, name) for name in RECIPE_OPTIONS if getattr(args, name) is not None}
     section["recipe"] = {**section["recipe"], **recipe}
     if "checkpoint" not in section:
-        raise FoldmillError("no model: give --model boltz2_conf.ckpt (or --model demo for random weights)")
+        raise FoldmillError("no model: give --model CHECKPOINT (boltz2_conf.ckpt), or --model demo for random weights")
     model = model_settings(section)
     executor = executor_settings(sections["executor"])
-    given = {field: getattr(args, option) for option, field in EXECUTOR_OPTIONS.items() if getattr(args, option) is not None}
+    given = {
+        field: getattr(args, option) for option, field in EXECUTOR_OPTIONS.items() if getattr(args, option) is not None
+    }
     return model, replace(executor, **given), outputs
 
 
@@ -92,15 +100,19 @@ def run_fold(args: argparse.Namespace) -> int:
             print(f"foldmill: skipped {reject.source}: {reject.record}: {reject.problem}", file=sys.stderr)
         items = work_items(result.table)
     outdir = Path(args.outdir)
-    run = fold_targets(
-        items,
-        outdir,
-        outdir / "fold" / "fold.tsv",
-        model,
-        executor,
-        Staging(args.staged),
-        outputs,
-    )
+    try:
+        run = fold_targets(
+            items,
+            outdir,
+            outdir / "fold" / "fold.tsv",
+            model,
+            executor,
+            Staging(args.staged),
+            outputs,
+        )
+    except FoldInterrupted as interrupted:
+        print(f"foldmill: {interrupted.message}", file=sys.stderr)
+        return interrupted.exit_code
     if run.abort_reason:
         raise FoldmillError(run.abort_reason)
     return 0 if run.count("ok") == len(run.records) else 1

@@ -9,7 +9,8 @@
 - engine     the stages: featurize -> model replica (fast path on GPU) -> write
 - transfer   lossless packing of feature dicts between featurizer and replica
 - scheduler  the driver loop: replicas join as they load, bounded queues, budgets, crash/retire handling
-- faults     what an exception means: failed, rejected, or retire the replica
+- faults     what an exception means: failed, rejected, or retire the replica; why a worker died (out of memory)
+- interrupts SIGINT / SIGTERM stop a run cleanly (no new work, Ray shut down, finished targets kept)
 - records    the per-target journal and the fold table
 - progress   live progress line and closing summary
 """

@@ -1,7 +1,8 @@
 """Start or join Ray and create the actor pools: featurizers, model replicas (one per GPU), writers.
 
 Without an address (executor.address or RAY_ADDRESS) foldmill starts a lean local instance bound
-to 127.0.0.1: no dashboard, no usage stats, no metrics, the CPUs and GPUs this process may use.
+to 127.0.0.1: no dashboard, no usage stats, no metrics, the CPUs and GPUs this process may use, its
+session (logs, sockets, spilled objects) under the run's own temp dir (ray_temp_dir), not /tmp/ray.
 With one, it joins that cluster (multi-node included) and uses every GPU the cluster offers.
 """
 
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
 
 from foldmill.errors import FoldmillError
 from foldmill.executor.scheduler import Pools, Slot
@@ -25,6 +30,10 @@ log = logging.getLogger(__name__)
 
 RESTARTS = 4  # times Ray restarts a crashed actor before the scheduler retires it
 NAMESPACE = "foldmill"
+RAY_DIRNAME = ".ray"  # OUTDIR/.ray: the sessions of the run's local Ray instances
+UNIX_SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks at start
+# What Ray appends to its temp dir for its longest socket path (7-digit pid, a numbered socket).
+RAY_SOCKET_SUFFIX = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store.99"
 
 
 def available_cpus() -> int:
@@ -35,9 +44,23 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def ray_temp_dir(settings: ExecutorSettings, outdir: Path, run_id: str) -> tuple[Path, bool]:
+    """Where a local Ray instance keeps its session: executor.scratch_dir, else OUTDIR/.ray. A path too long
+    for Ray's socket paths falls back to a directory of this run under the system's temp dir, said once.
+    Returns (directory, whether it is the run's own, to be removed after the run)."""
+    base = Path(settings.scratch_dir or Path(outdir) / RAY_DIRNAME).absolute()
+    if len(os.fsencode(base)) + len(RAY_SOCKET_SUFFIX) <= UNIX_SOCKET_PATH_MAX:
+        return base, False
+    short = Path(tempfile.gettempdir()) / f"foldmill-ray-{run_id}"
+    limit = UNIX_SOCKET_PATH_MAX - len(RAY_SOCKET_SUFFIX)
+    log.warning("%s is too long for Ray's socket paths (%d bytes at most): Ray's temp dir is %s", base, limit, short)
+    return short, True
+
+
 @contextmanager
-def ray_session(settings: ExecutorSettings) -> Iterator[None]:
-    """Connected to Ray for the duration of the block; a local instance is shut down afterwards."""
+def ray_session(settings: ExecutorSettings, temp_dir: Path | None = None, own_temp_dir: bool = False) -> Iterator[None]:
+    """Connected to Ray for the duration of the block; a local instance is shut down afterwards.
+    `temp_dir`: the local instance's (None: Ray's default, /tmp/ray); `own_temp_dir`: remove it afterwards."""
     if ray.is_initialized():  # an embedding program (a test, the benchmark) already connected
         yield
         return
@@ -53,8 +76,11 @@ def ray_session(settings: ExecutorSettings) -> Iterator[None]:
         object_store = settings.object_store_mb * 1024 * 1024 or None
         log.info("starting a local Ray instance with %d CPUs", cpus)
         clock = time.perf_counter()
+        if temp_dir is not None:
+            temp_dir.mkdir(parents=True, exist_ok=True)
         ray.init(
             address="local",  # a new instance, never some other Ray already running on this machine
+            _temp_dir=str(temp_dir) if temp_dir is not None else None,
             num_cpus=cpus,
             num_gpus=settings.gpus or None,
             include_dashboard=False,
@@ -67,6 +93,8 @@ def ray_session(settings: ExecutorSettings) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+        if own_temp_dir and temp_dir is not None and not address:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def replica_count(settings: ExecutorSettings, device: str) -> int:
@@ -127,7 +155,10 @@ def start_pools(
     reports = iter(_ready(featurize_actors + write_actors, also_kill=replica_actors))  # in that order
 
     def slots(handles: list[Any]) -> list[Slot]:
-        return [Slot(info["name"], handle, RESTARTS, started=True) for handle, info in zip(handles, reports)]
+        return [
+            Slot(info["name"], handle, RESTARTS, started=True, pid=info["pid"])
+            for handle, info in zip(handles, reports)
+        ]
 
     return Pools(featurizers=slots(featurize_actors), replicas=starting, writers=slots(write_actors))
 
@@ -141,7 +172,12 @@ def stop_pools(pools: Pools) -> None:
 def _ready(handles: list[Any], also_kill: list[Any]) -> list[dict[str, Any]]:
     """What the started actors report; one whose stage could not be built stops the run with its error
     (every actor of the run goes, `also_kill` too)."""
-    reports = ray.get([handle.ready.remote() for handle in handles])
+    try:
+        reports = ray.get([handle.ready.remote() for handle in handles])
+    except RayError as error:  # e.g. killed by Ray's memory monitor while starting
+        for handle in handles + also_kill:
+            ray.kill(handle, no_restart=True)
+        raise FoldmillError(f"the workers could not start: {str(error).strip().splitlines()[0]}") from None
     for report in reports:
         if report["error"]:
             for handle in handles + also_kill:

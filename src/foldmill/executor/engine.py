@@ -106,11 +106,13 @@ def run_provenance(settings: ModelSettings) -> dict[str, Any]:
 @dataclass
 class FoldInput:
     """A featurized target on its way to a replica: its features packed (see executor.transfer), the
-    rest of the FeaturizedTarget (features emptied), and the content hash its outputs record."""
+    rest of the FeaturizedTarget (features emptied), and the content hash and origin its outputs record."""
 
     featurized: FeaturizedTarget
     features: dict[str, PackedTensor]
     content_hash: str
+    input_source: str = ""  # the input file and record the target came from (see plan.id_conflict)
+    input_record: str = ""
 
 
 class FeaturizeStage:
@@ -130,7 +132,7 @@ class FeaturizeStage:
             staged = StagedInputs.from_manifests(self.staged_dir, target)
         featurized = featurize(target, staged, seed=self.seed, max_msa_seqs=self.max_msa_seqs)
         packed = pack_features(featurized.features)
-        return FoldInput(replace(featurized, features={}), packed, item.content_hash)
+        return FoldInput(replace(featurized, features={}), packed, item.content_hash, target.source, target.record)
 
 
 class Engine:
@@ -194,7 +196,8 @@ class Engine:
         features = unpack_features(job.features, self.device)
         output = self._predict(features, featurized.n_tokens)
         del features
-        prediction = to_prediction(featurized, output, {**self.provenance, "content_hash": job.content_hash})
+        origin = {"content_hash": job.content_hash, "input_source": job.input_source, "input_record": job.input_record}
+        prediction = to_prediction(featurized, output, {**self.provenance, **origin})
         prediction.runtime_seconds = time.perf_counter() - started
         return prediction
 
@@ -216,7 +219,7 @@ class Engine:
             # Outside the except block, so the traceback (and the tensors its frames hold) is gone.
             _release_memory(self.device)
         raise TargetRejected(
-            f"out of {self.device.type} memory at {n_tokens} tokens, even denoising one sample at a time"
+            f"out of memory ({n_tokens} tokens; {self.device.type} memory, even denoising one sample at a time)"
         )
 
 

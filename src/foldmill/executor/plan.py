@@ -1,6 +1,10 @@
 """Plan a fold run: skip finished targets and order the rest longest first; the records of targets over a
 token budget (the scheduler rejects them once the replicas have reported their budgets).
 
+A target id already predicted from different content that came from another input file (a second
+file reusing an id) is refused with both sources named: its prediction stays, the new target gets a
+`rejected` record. The same file with an edited target folds it again (the edit is the user's intent).
+
 Longest first cuts the tail: the big targets start while every replica is free and the small
 ones fill the gaps at the end, instead of one replica folding a 2,800-residue target alone. The
 scheduler puts a few of the smallest in front (lead_with_small_targets) so the replicas start at once.
@@ -32,23 +36,49 @@ class WorkItem:
     spec: str
     crashes: int = 0  # replica crashes while folding this target
 
+    @property
+    def input_source(self) -> tuple[str, str]:
+        """(input file, record in it) the target came from, as its spec says ("" when unknown)."""
+        try:
+            spec = json.loads(self.spec)
+        except ValueError:
+            return "", ""
+        return str(spec.get("source") or ""), str(spec.get("record") or "")
+
 
 @dataclass
 class Plan:
     todo: list[WorkItem]  # longest first
     finished: list[WorkItem] = field(default_factory=list)  # already written by an earlier run
+    refused: list[TargetRecord] = field(default_factory=list)  # ids taken by a prediction of other content
 
 
-def finished_with(outdir: Path, item: WorkItem, provenance: dict[str, Any]) -> bool:
-    """True when the target's directory is complete and was made from the same target, model and recipe."""
-    directory = target_dir(outdir, item.target_id)
+def earlier_provenance(outdir: Path, target_id: str) -> dict[str, Any] | None:
+    """The provenance of the target's finished prediction, or None (unfinished, or an unreadable record)."""
+    directory = target_dir(outdir, target_id)
     if not (directory / DONE_MARKER).exists():
-        return False
+        return None
     try:
-        earlier = json.loads((directory / record_name(item.target_id)).read_text(encoding="utf-8"))["provenance"]
+        earlier = json.loads((directory / record_name(target_id)).read_text(encoding="utf-8"))["provenance"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return all(earlier.get(key) == value for key, value in provenance.items())
+        return None
+    return earlier if isinstance(earlier, dict) else None
+
+
+def id_conflict(outdir: Path, item: WorkItem, earlier: dict[str, Any] | None) -> TargetRecord | None:
+    """The rejection of `item` when its id is predicted from other content taken from another input file."""
+    if earlier is None or earlier.get("content_hash") in (None, item.content_hash):
+        return None
+    source, record = item.input_source
+    earlier_source, earlier_record = str(earlier.get("input_source") or ""), str(earlier.get("input_record") or "")
+    if not source or not earlier_source or earlier_source == source:
+        return None  # an edit of the same input (or an origin not recorded): folded again
+    reason = (
+        f"target id {item.target_id} is already predicted from different content, from {earlier_source}: "
+        f"{earlier_record} (this one: {source}: {record}); rename one of them, or move "
+        f"{target_dir(outdir, item.target_id)} away to replace it"
+    )
+    return TargetRecord(item.target_id, "rejected", reason, item.n_tokens)
 
 
 def _written_targets(outdir: Path) -> set[str]:
@@ -70,8 +100,13 @@ def plan_run(items: Iterable[WorkItem], outdir: Path, provenance: dict[str, Any]
     stale = 0
     written = _written_targets(outdir)
     for item in items:
-        if item.target_id in written and finished_with(outdir, item, {**provenance, "content_hash": item.content_hash}):
+        earlier = earlier_provenance(outdir, item.target_id) if item.target_id in written else None
+        wanted = {**provenance, "content_hash": item.content_hash}
+        if earlier is not None and all(earlier.get(key) == value for key, value in wanted.items()):
             plan.finished.append(item)
+        elif (refused := id_conflict(outdir, item, earlier)) is not None:
+            log.warning("%s rejected: %s", item.target_id, refused.reason)
+            plan.refused.append(refused)
         else:
             stale += item.target_id in written
             plan.todo.append(item)

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import ActorDiedError, OutOfMemoryError, RayActorError
 
 from foldmill.errors import FoldmillError
-from foldmill.executor.faults import Outcome
+from foldmill.executor.faults import Outcome, crash_reason
 from foldmill.executor.plan import WorkItem, lead_with_small_targets, over_budget
 from foldmill.executor.records import TargetRecord
 
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PER_WORKER = 2  # calls queued on one actor: one running, one ready to start
 WAIT_SECONDS = 1.0  # longest pause between progress updates
 PROBE_SECONDS = 0.5  # pause between checks of an actor Ray is restarting
+# What a call returns when its actor's process died under it: an actor error, or, when Ray's memory
+# monitor killed the process during the call, an out-of-memory error.
+WORKER_LOST = (RayActorError, OutOfMemoryError)
 
 
 @dataclass(eq=False)
@@ -58,6 +61,7 @@ class Slot:
     probe: Any = None  # a `ready` call in flight while the actor starts, or restarts after a crash
     probe_after: float = 0.0  # when to probe again (monotonic), if not now
     created_at: float = field(default_factory=time.time)  # when the actor was asked for (wall clock)
+    pid: int = 0  # of the actor's current process, once it reported (tells why a crashed one died)
 
     @property
     def restarting(self) -> bool:
@@ -114,8 +118,11 @@ class Scheduler:
         on_fold: Callable[[Outcome], None] = lambda outcome: None,
         on_tick: Callable[[], None] = lambda: None,
         on_first_replica: Callable[[], None] = lambda: None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`on_first_replica` is called when the first model replica is ready (where fold time starts)."""
+        """`on_first_replica` is called when the first model replica is ready (where fold time starts);
+        `should_stop` is asked at every turn of the loop (an interrupt): true, the run ends at once and
+        the targets in flight get no record (a rerun folds them)."""
         self.pools = pools
         self.pending: deque[WorkItem] = deque(lead_with_small_targets(todo, len(pools.replicas)))
         self.featurized: list[Waiting] = []  # ready for a replica
@@ -131,6 +138,8 @@ class Scheduler:
         self.on_fold = on_fold
         self.on_tick = on_tick
         self.on_first_replica = on_first_replica
+        self.should_stop = should_stop
+        self.stopped = False  # ended by should_stop, with targets left
         self.checked_budget: float | None = None  # the largest replica budget `pending` was checked against
         self.peak_featurized = 0  # most featurized targets held at once (memory bound check)
         self.abort_reason = ""  # set when the run stopped early because a stage lost every worker
@@ -138,6 +147,9 @@ class Scheduler:
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         while self.pending or self.featurized or self.folded or self.tickets:
+            if self.should_stop():
+                self._stop()
+                return
             self._check_pools()
             self._probe_restarting()
             self._dispatch()
@@ -153,6 +165,13 @@ class Scheduler:
                     self._probed(self.probes.pop(ref))
             self._complete([self.tickets[ref] for ref in ready if ref in self.tickets])
             self.on_tick()
+
+    def _stop(self) -> None:
+        """End the run now: record the writes already finished (their targets are on disk), drop the rest."""
+        self.stopped = True
+        ready = ray.wait(list(self.tickets), num_returns=len(self.tickets), timeout=0)[0] if self.tickets else []
+        self._complete([self.tickets[ref] for ref in ready if self.tickets[ref].stage == "write"])
+        self._drain()
 
     def _check_pools(self) -> None:
         """Stop the run, failing what is left, when a stage has no worker left."""
@@ -256,7 +275,7 @@ class Scheduler:
         writes = [ticket for ticket in tickets if ticket.stage == "write"]
         try:
             values = ray.get([ticket.outcome_ref for ticket in tickets] + [ticket.result_ref for ticket in writes])
-        except RayActorError:
+        except WORKER_LOST:
             for ticket in tickets:
                 self._settle_alone(ticket)
             return
@@ -272,7 +291,7 @@ class Scheduler:
         try:
             outcome: Outcome = ray.get(ticket.outcome_ref)
             prediction_dir = ray.get(ticket.result_ref) if ticket.stage == "write" else None
-        except RayActorError as error:
+        except WORKER_LOST as error:
             self._actor_crashed(ticket.slot, error)
             return
         self._settle(ticket, outcome, prediction_dir)
@@ -341,10 +360,11 @@ class Scheduler:
             self._requeue(ticket)
         slot.inflight.clear()
 
-    def _actor_crashed(self, slot: Slot, error: RayActorError) -> None:
+    def _actor_crashed(self, slot: Slot, error: Exception) -> None:
         """An actor died under its calls: requeue them and wait (probing) until Ray has restarted it."""
-        log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, type(error).__name__, len(slot.inflight))
-        self._release(slot, "the worker process died")
+        reason = crash_reason(slot.pid, slot.inflight[0].item.n_tokens if slot.inflight else 0)
+        log.warning("%s crashed (%s); its %d target(s) go back to the queue", slot.name, reason, len(slot.inflight))
+        self._release(slot, reason)
         slot.restarts_left -= 1
         if slot.restarts_left < 0:
             log.warning("%s crashed too often: retired", slot.name)
@@ -375,6 +395,7 @@ class Scheduler:
             else:
                 first = not slot.started
                 slot.name, slot.token_budget, slot.started = report["name"], report["token_budget"], True
+                slot.pid = report["pid"]
                 split = ", ".join(f"{part} {seconds:.1f}" for part, seconds in report["build_split"].items())
                 built = f"process up in {report['started_at'] - slot.created_at:.1f} s, stage built in "
                 built += f"{report['build_seconds']:.1f} s" + (f" ({split})" if split else "")
@@ -387,7 +408,7 @@ class Scheduler:
         except ActorDiedError as error:
             log.warning("%s cannot be restarted: retired (%s)", slot.name, error)
             slot.retired = True
-        except RayActorError:
+        except WORKER_LOST:
             slot.probe_after = time.monotonic() + PROBE_SECONDS  # still restarting
         slot.probe = None
 

@@ -51,6 +51,12 @@ class ModelSettings:
             f"{recipe.sampling_steps} sampling steps, {recipe.diffusion_samples} sample(s), seed {recipe.seed}"
         )
 
+    def announcement(self) -> str:
+        """The line a run starts with (console and fold log): which model, and loudly when it is no model at all."""
+        if self.is_demo:
+            return "model: DEMO random weights (model.checkpoint: demo) - structures are not predictions"
+        return f"model: checkpoint {self.checkpoint}"
+
 
 @dataclass(frozen=True)
 class ExecutorSettings:
@@ -64,6 +70,7 @@ class ExecutorSettings:
     max_attempts: int = 3  # replica crashes a target may cause before it is failed
     object_store_mb: int = 0  # object store of a local Ray instance (0 = Ray's default)
     progress_seconds: float = 30.0  # interval of progress lines when stderr is not a terminal
+    scratch_dir: str = ""  # temp dir of a local Ray instance ("" = OUTDIR/.ray); see cluster.ray_temp_dir
 
     def ray_address(self) -> str | None:
         return self.address or os.environ.get("RAY_ADDRESS") or None
