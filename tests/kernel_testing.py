@@ -112,19 +112,19 @@ def local_memory_instructions(compiled: Any, directory: Path) -> int | None:
     return sum(1 for line in sass.splitlines() if " LDL" in line or " STL" in line)
 
 
-def assert_gpu_backend_parity(op: str, reference: Any, backend: Any, inputs: tuple, expected: torch.Tensor) -> None:
-    """A Triton backend (`backend`, the function registered for `op`) on the GPU against `expected`
+def assert_gpu_backend_parity(op: str, reference: Any, inputs: tuple, expected: torch.Tensor) -> None:
+    """The Triton backend of `op` on the GPU against `expected`
     (float64 math): called directly on fp32 inputs, exact (FP32_TOL; the registry routes fp32 to the
     reference); through the registry under bf16 autocast, in bf16, within BF16_TOL and no worse than
     1.5x the reference's own bf16 error."""
     from foldmill import kernels
 
     with torch.no_grad():
-        assert relative_error(backend(*inputs), expected) <= FP32_TOL
+        assert relative_error(kernels.call_backend(op, "triton", *inputs), expected) <= FP32_TOL
     kernels.reset_counts()
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
         with kernels.kernel_policy(force={op: "triton"}):
-            out = kernels.dispatch(op, reference, *inputs)
+            out = kernels.dispatch(op, *inputs)
         reference_out = reference(*inputs)
     assert kernels.chosen_counts() == {f"{op}/triton": 1}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape

@@ -83,7 +83,7 @@ def test_cuequivariance_degrades_cleanly_without_its_ops():
     with kernels.kernel_policy(force={"triangle_attention": "cueq"}):
         # cueq is CUDA-only: on CPU the forced choice falls back to the reference.
         assert kernels.select("triangle_attention", q, q.shape[-2]) == REFERENCE
-        out = kernels.dispatch("triangle_attention", triangle_attention_core, q, k, v, bias, mask, scale)
+        out = kernels.dispatch("triangle_attention", q, k, v, bias, mask, scale)
     torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, scale), rtol=0, atol=0)
 
 
@@ -108,19 +108,18 @@ def test_sdpa_pair_bias_attention_matches_reference_fp32():
 
 def test_pair_bias_attention_triton_backend_defers_where_the_kernel_does_not_apply():
     """Autograd recording, or heads wider than the flash kernel's 64: SDPA's backend runs instead."""
-    from foldmill.kernels import triton_triangle_attention
 
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 9, 4, 24, generator=generator) for _ in range(3))
     bias = torch.randn(2, 4, 9, 9, generator=generator)
     mask = (torch.rand(2, 9, generator=generator) > 0.2).float()
     q.requires_grad_()
-    out = triton_triangle_attention.attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    out = kernels.call_backend("attention_pair_bias", "triton", q, k, v, bias, mask, 1e6)
     assert torch.equal(out, sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6))
     out.sum().backward()
     assert q.grad is not None
     wide = [torch.randn(1, 5, 2, 96, generator=generator) for _ in range(3)]
-    out = triton_triangle_attention.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
+    out = kernels.call_backend("attention_pair_bias", "triton", *wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
     assert torch.equal(out, sdpa.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
 
 
@@ -178,8 +177,10 @@ def fake_op():
             backends=(Backend("fake", backend, frozenset({"cpu"}), frozenset({torch.float32})),),
         ),
     )
+    registry.register_reference("fake_op", lambda t: t * 2)
     yield behaviour
     registry._ops.pop("fake_op")
+    registry._references.pop("fake_op")
     registry._retired.pop(("fake_op", "fake"), None)
     registry._choices.clear()
 
@@ -189,17 +190,17 @@ def test_backend_that_cannot_run_is_retired_with_one_warning(fake_op):
     x = torch.ones(3)
     with kernels.kernel_policy(force={"fake_op": "fake"}):
         with pytest.warns(RuntimeWarning, match="fake_op/fake unavailable"):
-            assert kernels.dispatch("fake_op", lambda t: t * 2, x).tolist() == [2.0, 2.0, 2.0]
+            assert kernels.dispatch("fake_op", x).tolist() == [2.0, 2.0, 2.0]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # retired: no second warning, straight to the reference
-            assert kernels.dispatch("fake_op", lambda t: t * 2, x).tolist() == [2.0, 2.0, 2.0]
+            assert kernels.dispatch("fake_op", x).tolist() == [2.0, 2.0, 2.0]
     assert "fake_op/fake" in kernels.retired_backends()
 
 
 def test_backend_errors_that_are_bugs_propagate(fake_op):
     fake_op["error"] = ValueError("shape mismatch")
     with kernels.kernel_policy(force={"fake_op": "fake"}), pytest.raises(ValueError, match="shape mismatch"):
-        kernels.dispatch("fake_op", lambda t: t, torch.ones(2))
+        kernels.dispatch("fake_op", torch.ones(2))
 
 
 def test_table_from_timings_places_switches_between_measured_sizes():

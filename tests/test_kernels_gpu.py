@@ -8,13 +8,14 @@ import math
 
 import pytest
 import torch
+from kernel_testing import relative_error
 
 from foldmill import kernels
-from foldmill.kernels import cueq, triton_support, triton_transition
+from foldmill.kernels import cueq, triton_support
 from foldmill.kernels.cuda_graphs import GraphedCall
+from foldmill.model.layers import triangle_attention
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
-from foldmill.model.layers import triangle_attention
 from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention_core
 from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
@@ -22,7 +23,6 @@ from foldmill.model.layers.triangle_multiplication import (
     triangle_multiplicative_update,
     triangle_multiplicative_update_by_rows,
 )
-from kernel_testing import relative_error
 
 pytestmark = pytest.mark.gpu
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -73,7 +73,7 @@ def test_triangle_attention_backends(n, dtype):
     for name in names:
         with kernels.kernel_policy(force={"triangle_attention": name}):
             args = (q.to(dtype), k.to(dtype), v.to(dtype), bias.to(dtype), mask, scale)
-            out = kernels.dispatch("triangle_attention", triangle_attention_core, *args)[:, : n - 5]
+            out = kernels.dispatch("triangle_attention", *args)[:, : n - 5]
         tolerance = FP32_TOL if dtype == torch.float32 else BF16_TOL
         assert relative_error(out, expected) <= tolerance, name
 
@@ -111,7 +111,7 @@ def test_pair_bias_attention_on_the_flash_kernel_matches_the_fp32_math(batch, he
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         kernels.reset_counts()
         with kernels.kernel_policy(force={"attention_pair_bias": "triton"}):
-            out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, 1e6)
+            out = kernels.dispatch("attention_pair_bias", q, k, v, bias, mask, 1e6)
     assert kernels.chosen_counts() == {"attention_pair_bias/triton": 1}
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     assert relative_error(out, expected) <= BF16_TOL
@@ -205,9 +205,7 @@ def test_pair_bias_attention_sdpa(dtype):
     mask = token_mask(150, 140, 7).expand(5, -1)
     expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
     with kernels.kernel_policy(force={"attention_pair_bias": "sdpa"}):
-        out = kernels.dispatch(
-            "attention_pair_bias", attention_with_pair_bias, *(t.to(dtype) for t in (q, k, v, bias)), mask, 1e6
-        )
+        out = kernels.dispatch("attention_pair_bias", *(t.to(dtype) for t in (q, k, v, bias)), mask, 1e6)
     assert relative_error(out, expected) <= (FP32_TOL if dtype == torch.float32 else BF16_TOL)
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error, run_interpreted, sm90_shared_memory
 from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels import triton_support, triton_transition
 from foldmill.model.layers.transition import Transition, transition
-from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error, run_interpreted, sm90_shared_memory
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 
@@ -85,11 +85,11 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     # Too wide for the kernel (the score model's 768-wide conditioner): the reference, triton or not.
     w = weights(768, 96, 768, seed=5)
     x = torch.randn(3, 768, generator=torch.Generator().manual_seed(6))
-    torch.testing.assert_close(triton_transition.transition(x, **w), transition(x, **w), rtol=0, atol=0)
+    torch.testing.assert_close(kernels.call_backend("transition", "triton", x, **w), transition(x, **w), rtol=0, atol=0)
     # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
     w = {name: value.requires_grad_() for name, value in weights(128, 512, 128, seed=7).items()}
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(8))
-    out = triton_transition.transition(x, **w)
+    out = kernels.call_backend("transition", "triton", x, **w)
     out.sum().backward()
     assert w["fc1_weight"].grad is not None and w["fc1_weight"].grad.abs().sum() > 0
 
@@ -169,7 +169,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
         x, w, dtype = case["x"], case["weights"], getattr(torch, case["dtype"].removeprefix("torch."))
         if case["via"] == "backend":
             with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_transition.transition(x, **w)
+                outputs[case["name"]] = kernels.call_backend("transition", "triton", x, **w)
             continue
         block_d = triton_support.padded_width(x.shape[-1])
         block_o = triton_support.padded_width(w["fc3_weight"].shape[0])

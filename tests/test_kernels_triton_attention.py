@@ -20,9 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from foldmill.kernels import triton_support, triton_triangle_attention
-from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
 from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
@@ -31,6 +28,10 @@ from kernel_testing import (
     run_interpreted,
     sm90_compiled,
 )
+
+from foldmill import kernels
+from foldmill.kernels import triton_support, triton_triangle_attention
+from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
@@ -84,12 +85,12 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
         assert triton_support.available() is False
     # Head dim 24: not a kernel width, the reference runs (triton or not).
     q, k, v, bias, mask = model_inputs(1, 3, 10, 24, seed=1)
-    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 24**-0.5)
+    out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 24**-0.5)
     torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
     # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
     q, k, v, bias, mask = model_inputs(1, 3, 10, 32, seed=2)
     q = q.detach().requires_grad_()
-    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 32**-0.5)
+    out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 32**-0.5)
     torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
     out.sum().backward()
     assert q.grad is not None and q.grad.abs().sum() > 0
@@ -262,7 +263,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
         q, k, v, bias, mask = case["inputs"]
         if case["via"] == "backend":
             with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, case["scale"])
+                outputs[case["name"]] = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, case["scale"])
             continue
         config = None if case["config"] is None else BlockConfig(*case["config"])
         outputs[case["name"]] = flash_triangle_attention(
@@ -297,7 +298,7 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     )
     assert low[0].stride() == q.stride() and not q.is_contiguous()  # strided views of the projection
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        out = triton_triangle_attention.triangle_attention(*low, 32**-0.5)
+        out = kernels.call_backend("triangle_attention", "triton", *low, 32**-0.5)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
     keep = valid_rows(mask)
@@ -316,7 +317,7 @@ def test_gated_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     *low, low_gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2,
                                   with_gate=True, token_mask=token_mask)  # fmt: skip
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        out = triton_triangle_attention.gated_triangle_attention(*low, 32**-0.5, low_gate, 128)
+        out = kernels.call_backend("gated_triangle_attention", "triton", *low, 32**-0.5, low_gate, 128)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     keep = valid_rows(exact[-1])
     assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL
@@ -348,16 +349,16 @@ def test_flash_kernel_replays_in_a_cuda_graph():
     q, k, v, bias, mask = model_inputs(1, 16, 136, 32, seed=7, device="cuda", dtype=torch.bfloat16)
     other_q = torch.randn_like(q)
     with torch.no_grad():
-        expected = triton_triangle_attention.triangle_attention(other_q, k, v, bias, mask, 32**-0.5)  # tunes
+        expected = kernels.call_backend("triangle_attention", "triton", other_q, k, v, bias, mask, 32**-0.5)  # tunes
         static_q = q.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+            kernels.call_backend("triangle_attention", "triton", static_q, k, v, bias, mask, 32**-0.5)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+            static_out = kernels.call_backend("triangle_attention", "triton", static_q, k, v, bias, mask, 32**-0.5)
         static_q.copy_(other_q)
         graph.replay()
     torch.cuda.synchronize()

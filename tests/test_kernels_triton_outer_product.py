@@ -15,10 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_outer_product
-from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
@@ -30,6 +26,10 @@ from kernel_testing import (
     run_interpreted,
     sm90_shared_memory,
 )
+
+from foldmill import kernels
+from foldmill.kernels import triton_outer_product
+from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, channels: int, out: int, seed: int, device: str = "cpu"):
@@ -56,7 +56,7 @@ def plain_mean(a, b, mask, weight, bias) -> torch.Tensor:
 def test_reference_is_the_masked_mean_and_cpu_routes_to_it():
     inputs = op_inputs(2, 7, 9, 4, 5, seed=0)
     kernels.reset_counts()
-    out = kernels.dispatch("outer_product_mean", outer_product_mean_update, *inputs)
+    out = kernels.dispatch("outer_product_mean", *inputs)
     assert kernels.chosen_counts() == {"outer_product_mean/reference": 1}
     assert relative_error(out, plain_mean(*inputs)) <= FP32_TOL
 
@@ -88,11 +88,11 @@ def test_inverse_row_counts_are_exact():
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Channel widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 6, 10, 8, 3, seed=3)
-    out = triton_outer_product.outer_product_mean_update(*inputs)
+    out = kernels.call_backend("outer_product_mean", "triton", *inputs)
     assert torch.equal(out, outer_product_mean_update(*inputs))
     a, b, mask, weight, bias = op_inputs(1, 6, 10, 16, 3, seed=4)
     weight.requires_grad_(True)
-    out = triton_outer_product.outer_product_mean_update(a, b, mask, weight, bias)
+    out = kernels.call_backend("outer_product_mean", "triton", a, b, mask, weight, bias)
     assert out.requires_grad and torch.equal(out.detach(), outer_product_mean_update(a, b, mask, weight, bias).detach())
 
 
@@ -148,7 +148,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
     inputs = op_inputs(batch, msa_rows, tokens, 32, 128, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "outer_product_mean", outer_product_mean_update, triton_outer_product.outer_product_mean_update, inputs, plain_mean(*inputs)
+        "outer_product_mean", outer_product_mean_update, inputs, plain_mean(*inputs)
     )
 
 
@@ -163,7 +163,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
         a, b, mask, weight, bias = case["inputs"]
         if case["via"] == "backend":
             with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), torch.no_grad():
-                outputs[case["name"]] = triton_outer_product.outer_product_mean_update(a, b, mask, weight, bias)
+                outputs[case["name"]] = kernels.call_backend("outer_product_mean", "triton", a, b, mask, weight, bias)
             continue
         config = None if case["config"] is None else CONFIGS[case["config"]]
         start, count = case["rows"]

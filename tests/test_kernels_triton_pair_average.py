@@ -15,10 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_pair_average
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
@@ -30,6 +26,10 @@ from kernel_testing import (
     run_interpreted,
     sm90_shared_memory,
 )
+
+from foldmill import kernels
+from foldmill.kernels import triton_pair_average
+from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, heads: int, width: int, seed: int, device: str = "cpu"):
@@ -54,7 +54,7 @@ def plain_average(weights, values, gate) -> torch.Tensor:
 def test_reference_is_the_gated_average_and_cpu_routes_to_it():
     inputs = op_inputs(2, 5, 7, 3, 4, seed=0)
     kernels.reset_counts()
-    out = kernels.dispatch("pair_weighted_average", gated_pair_average, *inputs)
+    out = kernels.dispatch("pair_weighted_average", *inputs)
     assert kernels.chosen_counts() == {"pair_weighted_average/reference": 1}
     assert relative_error(out, plain_average(*inputs)) <= FP32_TOL
 
@@ -77,10 +77,10 @@ def test_module_is_algorithm_10_through_the_op(chunk_heads):
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Head widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 4, 6, 2, 8, seed=2)
-    assert torch.equal(triton_pair_average.gated_pair_average(*inputs), gated_pair_average(*inputs))
+    assert torch.equal(kernels.call_backend("pair_weighted_average", "triton", *inputs), gated_pair_average(*inputs))
     weights, values, gate = op_inputs(1, 4, 6, 2, 16, seed=3)
     gate.requires_grad_(True)
-    out = triton_pair_average.gated_pair_average(weights, values, gate)
+    out = kernels.call_backend("pair_weighted_average", "triton", weights, values, gate)
     assert out.requires_grad and torch.equal(out.detach(), gated_pair_average(weights, values, gate).detach())
 
 
@@ -131,7 +131,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows, heads):
     inputs = op_inputs(batch, msa_rows, tokens, heads, 32, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "pair_weighted_average", gated_pair_average, triton_pair_average.gated_pair_average, inputs, plain_average(*inputs)
+        "pair_weighted_average", gated_pair_average, inputs, plain_average(*inputs)
     )
 
 
@@ -146,7 +146,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
         dtype = getattr(torch, case["dtype"].removeprefix("torch."))
         if case["via"] == "backend":
             with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_pair_average.gated_pair_average(*case["inputs"])
+                outputs[case["name"]] = kernels.call_backend("pair_weighted_average", "triton", *case["inputs"])
             continue
         config = None if case["config"] is None else CONFIGS[case["config"]]
         outputs[case["name"]] = kernel(*case["inputs"], dtype, config)

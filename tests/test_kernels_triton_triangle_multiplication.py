@@ -15,14 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_triangle_multiplication
-from foldmill.model.layers.triangle_multiplication import (
-    TriangleMultiplicationIncoming,
-    TriangleMultiplicationOutgoing,
-    triangle_multiplicative_update,
-)
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
@@ -33,6 +25,14 @@ from kernel_testing import (
     relative_error,
     run_interpreted,
     sm90_compiled,
+)
+
+from foldmill import kernels
+from foldmill.kernels import triton_triangle_multiplication
+from foldmill.model.layers.triangle_multiplication import (
+    TriangleMultiplicationIncoming,
+    TriangleMultiplicationOutgoing,
+    triangle_multiplicative_update,
 )
 
 WEIGHT_NAMES = ("norm_in_w", "norm_in_b", "p_in", "g_in", "norm_out_w", "norm_out_b", "p_out", "g_out")
@@ -104,14 +104,14 @@ def test_backend_runs_the_reference_where_the_kernels_do_not_apply():
     """Channel counts the kernels do not tile (24: not a power of two), and autograd recording."""
     x, mask, weights = op_inputs(1, 7, 24, seed=1)
     assert not triton_triangle_multiplication.supported(24) and triton_triangle_multiplication.supported(128)
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "outgoing", mask, *weights)
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, *weights)
     assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, *weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=1)  # fp32 compute (no autocast): the reference's
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "outgoing", mask, *weights)
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, *weights)
     assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, *weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=2)
     weights[2].requires_grad_(True)
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "incoming", mask, *weights)
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "incoming", mask, *weights)
     assert out.requires_grad
     assert torch.equal(out.detach(), triangle_multiplicative_update(x, "incoming", mask, *weights).detach())
 
@@ -198,11 +198,9 @@ def test_backend_matches_the_math_on_the_gpu(direction, batch, tokens, channels)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             kernels.reset_counts()
             with kernels.kernel_policy(force={"triangle_multiplication": "triton"}):
-                out = kernels.dispatch("triangle_multiplication", triangle_multiplicative_update, x, direction, mask, *weights)
+                out = kernels.dispatch("triangle_multiplication", x, direction, mask, *weights)
                 own = x.clone()
-                summed = kernels.dispatch(
-                    "triangle_multiplication", triangle_multiplicative_update, own, direction, mask, *weights, residual_out=own
-                )
+                summed = kernels.dispatch("triangle_multiplication", own, direction, mask, *weights, residual_out=own)
             reference_out = triangle_multiplicative_update(x, direction, mask, *weights)
     assert kernels.chosen_counts() == {"triangle_multiplication/triton": 2}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape
@@ -225,7 +223,7 @@ def test_backend_agrees_with_cuequivariance_on_the_gpu(direction):
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         for backend in ("triton", "cueq"):
             with kernels.kernel_policy(force={"triangle_multiplication": backend}):
-                outputs[backend] = kernels.dispatch("triangle_multiplication", triangle_multiplicative_update, x, direction, mask, *weights)
+                outputs[backend] = kernels.dispatch("triangle_multiplication", x, direction, mask, *weights)
     errors = {name: relative_error(out, expected) for name, out in outputs.items()}
     assert errors["triton"] <= BF16_TOL and errors["triton"] <= 1.5 * errors["cueq"], errors
 

@@ -25,11 +25,11 @@ import torch
 
 from foldmill import kernels
 from foldmill.bench._inputs import get_features, parse_inputs
+from foldmill.bench._kernel_table import relative_error as kernel_relative_error
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
-from foldmill.kernels.padding import pad_token_features
 from foldmill.kernels.cuda_graphs import GraphedCall
-from foldmill.kernels.measure import relative_error as kernel_relative_error
+from foldmill.kernels.padding import pad_token_features
 from foldmill.model import Boltz2, Boltz2Config, InferenceRecipe
 from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 from foldmill.runtime.timing import cuda_median_ms

@@ -1,7 +1,8 @@
 """Kernel selection for the Boltz-2 model's hot ops (see foldmill.kernels.registry).
 
     from foldmill import kernels
-    out = kernels.dispatch("triangle_attention", triangle_attention_core, q, k, v, bias, mask, scale)
+    kernels.register_reference("triangle_attention", triangle_attention_core)  # done by foldmill.model
+    out = kernels.dispatch("triangle_attention", q, k, v, bias, mask, scale)
     with kernels.kernel_policy(enabled=False): ...          # the plain PyTorch reference everywhere
     with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...
 
@@ -9,17 +10,19 @@ Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels
 own Triton kernels (foldmill.kernels.triton_transition: the fused LayerNorm + SwiGLU transition;
 foldmill.kernels.triton_layer_norm: the pair LayerNorm to the compute dtype) and
 the reference; the choice per GPU architecture, dtype and size comes from a measured crossover
-table (crossover_sm90.json; foldmill.kernels.measure re-measures it).
+table (crossover_sm90.json; `foldmill bench kernels` re-measures it).
 """
 
 from foldmill.kernels import ops  # noqa: F401 - registers the ops and their backends
 from foldmill.kernels.registry import (
     REFERENCE,
     backend_names,
+    call_backend,
     chosen_counts,
     dispatch,
     kernel_policy,
     load_backends,
+    register_reference,
     reset_counts,
     retired_backends,
     select,
@@ -28,10 +31,12 @@ from foldmill.kernels.registry import (
 __all__ = [
     "REFERENCE",
     "backend_names",
+    "call_backend",
     "chosen_counts",
     "dispatch",
     "kernel_policy",
     "load_backends",
+    "register_reference",
     "reset_counts",
     "retired_backends",
     "select",

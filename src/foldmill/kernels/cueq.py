@@ -40,7 +40,7 @@ def triangle_multiplicative_update(
 ) -> Tensor:
     from cuequivariance_torch import triangle_multiplicative_update as fused
 
-    from foldmill.model.layers.triangle_multiplication import with_residual
+    from foldmill.kernels.triton_triangle_multiplication import with_residual
 
     update = fused(
         x,

@@ -64,6 +64,7 @@ register_op(
                 _CUDA,
                 _HALF,
                 triton_support.available,
+                triton_triangle_multiplication.supports_update,
             ),
         ),
     ),
@@ -81,6 +82,7 @@ register_op(
                 _CUDA,
                 _HALF,
                 triton_support.available,
+                triton_triangle_attention.supports_triangle_attention,
             ),
         ),
     ),
@@ -96,6 +98,7 @@ register_op(
                 _CUDA,
                 _HALF,
                 triton_support.available,
+                triton_triangle_attention.supports_gated_triangle_attention,
             ),
         ),
     ),
@@ -115,21 +118,46 @@ register_op(
 
 
 def _register_triton_op(
-    name: str, kernel: Callable[..., torch.Tensor], dtypes: frozenset, tokens: Callable[..., int] = _second_to_last_axis
+    name: str,
+    kernel: Callable[..., torch.Tensor],
+    supports: Callable[..., bool],
+    dtypes: frozenset,
+    tokens: Callable[..., int] = _second_to_last_axis,
 ) -> None:
     """An op whose only backend besides the reference is one of foldmill's Triton kernels (CUDA)."""
-    register_op(name, OpSpec(tokens=tokens, backends=(Backend("triton", kernel, _CUDA, dtypes, triton_support.available),)))
+    backend = Backend("triton", kernel, _CUDA, dtypes, triton_support.available, supports)
+    register_op(name, OpSpec(tokens=tokens, backends=(backend,)))
 
 
-_register_triton_op("transition", triton_transition.transition, _HALF)
-_register_triton_op("layer_norm", triton_layer_norm.layer_norm, _HALF)
-_register_triton_op("layer_norm_heads", triton_layer_norm.layer_norm_heads, _HALF)
-# The score model's elementwise ops (foldmill.model.fast_score): rows of (B * samples, L, D).
-_register_triton_op("adaptive_layer_norm", triton_modulation.adaptive_layer_norm, _FLOAT)
-_register_triton_op("residual_adaptive_layer_norm", triton_modulation.residual_adaptive_layer_norm, _FLOAT)
-_register_triton_op("swiglu_product", triton_modulation.swiglu_product, _FLOAT)
-_register_triton_op("outer_product_mean", triton_outer_product.outer_product_mean_update, _HALF)
-_register_triton_op("pair_weighted_average", triton_pair_average.gated_pair_average, _HALF)
+_register_triton_op("transition", triton_transition.transition, triton_transition.supports_transition, _HALF)
+_register_triton_op("layer_norm", triton_layer_norm.layer_norm, triton_layer_norm.supports_layer_norm, _HALF)
 _register_triton_op(
-    "token_mean", triton_modulation.token_mean, _FLOAT, tokens=lambda x, starts, *args, **kwargs: starts.shape[-1] - 1
+    "layer_norm_heads", triton_layer_norm.layer_norm_heads, triton_layer_norm.supports_layer_norm_heads, _HALF
+)
+# The score model's elementwise ops (foldmill.model.fast_score): rows of (B * samples, L, D).
+_register_triton_op(
+    "adaptive_layer_norm",
+    triton_modulation.adaptive_layer_norm,
+    triton_modulation.supports_adaptive_layer_norm,
+    _FLOAT,
+)
+_register_triton_op(
+    "residual_adaptive_layer_norm",
+    triton_modulation.residual_adaptive_layer_norm,
+    triton_modulation.supports_residual_adaptive_layer_norm,
+    _FLOAT,
+)
+_register_triton_op("swiglu_product", triton_modulation.swiglu_product, triton_modulation.supports_swiglu_product, _FLOAT)
+_register_triton_op(
+    "outer_product_mean", triton_outer_product.outer_product_mean_update, triton_outer_product.supports, _HALF
+)
+_register_triton_op(
+    "pair_weighted_average", triton_pair_average.gated_pair_average, triton_pair_average.supports, _HALF
+)
+_register_triton_op(
+    "token_mean",
+    triton_modulation.token_mean,
+    triton_modulation.supports_token_mean,
+    _FLOAT,
+    tokens=lambda x, starts, *args, **kwargs: starts.shape[-1] - 1,
 )

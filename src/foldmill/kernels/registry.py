@@ -1,9 +1,11 @@
 """Per-call choice among the implementations ("backends") of the model's hot ops.
 
-An op has a plain PyTorch reference (the function in foldmill.model.layers) and optional
-backends with the reference's exact signature. `dispatch(op, reference, *args)` picks one
-from the device, the compute dtype (the autocast dtype when autocast is on) and the number
-of tokens, then calls it:
+An op has a plain PyTorch reference, registered by the model that defines it
+(`register_reference(op, fn)`, so this package never imports the model), and optional backends
+with the reference's exact signature, each declaring which arguments it takes (`Backend.supports`).
+`dispatch(op, *args)` picks one from the device, the compute dtype (the autocast dtype when
+autocast is on) and the number of tokens, then calls it, or the reference where the picked
+backend does not take these arguments:
 
 - CPU (or kernels disabled by `kernel_policy(enabled=False)`): the reference, always;
 - CUDA: the backend order of the crossover table measured for that GPU architecture
@@ -44,6 +46,7 @@ class Backend:
     devices: frozenset[str]
     dtypes: frozenset[torch.dtype]
     available: Callable[[], bool] = lambda: True
+    supports: Callable[..., bool] = lambda *args, **kwargs: True  # takes these arguments (else the reference runs)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class KernelPolicy:
 _DEFAULT_POLICY = KernelPolicy()
 _policy: ContextVar[KernelPolicy] = ContextVar("foldmill_kernel_policy", default=_DEFAULT_POLICY)
 _ops: dict[str, OpSpec] = {}
+_references: dict[str, Callable[..., Any]] = {}
 _retired: dict[tuple[str, str], str] = {}  # (op, backend) -> why it was retired
 _choices: dict[tuple, str] = {}  # select()'s choices, cleared whenever a backend is retired
 _counts: Counter[tuple[str, str]] = Counter()
@@ -118,6 +122,28 @@ DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
 def register_op(name: str, spec: OpSpec) -> None:
     _ops[name] = spec
     _choices.clear()
+
+
+def register_reference(op: str, fn: Callable[..., Any]) -> None:
+    """The plain PyTorch implementation of `op`: what runs on CPU, with kernels off, and wherever the
+    chosen backend does not take the arguments."""
+    _references[op] = fn
+
+
+def reference(op: str) -> Callable[..., Any]:
+    try:
+        return _references[op]
+    except KeyError:
+        raise LookupError(f"kernel op {op!r} has no registered reference (import the model module defining it)") from None
+
+
+def call_backend(op: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Backend `name` of `op` on these arguments where it takes them, else the op's reference."""
+    if name != REFERENCE:
+        backend = next(backend for backend in _ops[op].backends if backend.name == name)
+        if backend.supports(*args, **kwargs):
+            return backend.fn(*args, **kwargs)
+    return reference(op)(*args, **kwargs)
 
 
 def load_backends(device: torch.device | str, dtypes: Iterable[torch.dtype]) -> list[str]:
@@ -236,15 +262,17 @@ def _recoverable(error: BaseException) -> bool:
     return isinstance(error, ImportError) or "Not Supported" in str(error) or "Failed to import" in str(error)
 
 
-def dispatch(op: str, reference: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
-    """Run `op` through the selected backend (same arguments as `reference`)."""
+def dispatch(op: str, *args: Any, **kwargs: Any) -> Tensor:
+    """Run `op` through the selected backend (the arguments of the op's reference); calls the
+    reference where that backend does not take these arguments (counted as the reference's)."""
     spec = _ops[op]
     while True:
         name = select(op, args[0], spec.tokens(*args, **kwargs))
+        backend = next((backend for backend in spec.backends if backend.name == name), None)
+        if backend is None or not backend.supports(*args, **kwargs):
+            _counts[(op, REFERENCE)] += 1
+            return reference(op)(*args, **kwargs)
         _counts[(op, name)] += 1
-        if name == REFERENCE:
-            return reference(*args, **kwargs)
-        backend = next(backend for backend in spec.backends if backend.name == name)
         try:
             return backend.fn(*args, **kwargs)
         except Exception as error:  # only "cannot run here" errors are absorbed

@@ -25,6 +25,8 @@ from foldmill.kernels.registry import compute_dtype
 from foldmill.kernels.triton_support import padded_width, records_autograd
 
 MAX_WIDTH = 1024  # one padded row per register tile
+HEAD_BLOCK = 16  # heads per projection tile (tl.dot's least width); fewer heads are masked
+
 
 def row_layout(x: Tensor) -> tuple[Tensor, int, int, int]:
     """(x or a contiguous copy, inner, outer stride, inner stride): row r starts at
@@ -47,28 +49,23 @@ def row_layout(x: Tensor) -> tuple[Tensor, int, int, int]:
     return x, inner, outer_stride, inner_stride
 
 
-def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-    """The registry backend: the kernel, or the reference where the kernel does not apply."""
-    if records_autograd(x, weight, bias) or padded_width(x.shape[-1]) > MAX_WIDTH or x.numel() == 0:
-        from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+def supports_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> bool:
+    return not records_autograd(x, weight, bias) and padded_width(x.shape[-1]) <= MAX_WIDTH and x.numel() != 0
 
-        return layer_norm_in_compute_dtype(x, weight, bias, eps)
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """The registry backend (where `supports_layer_norm`)."""
     from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm
 
     return fused_layer_norm(x, weight, bias, eps, compute_dtype(x))
 
 
-def layer_norm_heads(
-    x: Tensor, weight: Tensor, bias: Tensor, eps: float, head_weight: Tensor, keep_normed: bool
-) -> tuple[Tensor | None, Tensor]:
-    """The "layer_norm_heads" backend: one kernel reads the pair once for its LayerNorm and the heads' bias
-    projection (the reference writes the norm, reads it back and permutes the projection heads first);
-    the reference where the kernel does not apply (autograd, no affine weights, widths that are not a
-    power of two, more heads than one tile)."""
-    from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, fused_layer_norm_heads
-
+def supports_layer_norm_heads(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, head_weight: Tensor, keep_normed: bool
+) -> bool:
+    """Not under autograd, affine weights, a power-of-two width, at most one tile of heads."""
     width = x.shape[-1]
-    if (
+    return not (
         records_autograd(x, weight, bias, head_weight)
         or weight is None
         or bias is None
@@ -76,8 +73,15 @@ def layer_norm_heads(
         or padded_width(width) != width
         or width > MAX_WIDTH
         or head_weight.shape[0] > HEAD_BLOCK
-    ):
-        from foldmill.model.layers.layer_norm import layer_norm_heads as reference
+    )
 
-        return reference(x, weight, bias, eps, head_weight, keep_normed)
+
+def layer_norm_heads(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, head_weight: Tensor, keep_normed: bool
+) -> tuple[Tensor | None, Tensor]:
+    """The "layer_norm_heads" backend (where `supports_layer_norm_heads`): one kernel reads the pair once
+    for its LayerNorm and the heads' bias projection (the reference writes the norm, reads it back and
+    permutes the projection heads first)."""
+    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm_heads
+
     return fused_layer_norm_heads(x, weight, bias, eps, head_weight, compute_dtype(x), keep_normed)

@@ -15,7 +15,7 @@ import triton.language as tl
 from torch import Tensor
 
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
-from foldmill.kernels.triton_layer_norm import row_layout
+from foldmill.kernels.triton_layer_norm import HEAD_BLOCK, row_layout
 from foldmill.kernels.triton_support import dot_flags, padded_width
 
 ELEMENTS_PER_PROGRAM = 4096  # rows per program = this / padded width: 32 pair rows of 128
@@ -88,7 +88,6 @@ def fused_layer_norm(
     return out
 
 
-HEAD_BLOCK = 16  # heads per projection tile (tl.dot's least width); fewer heads are masked
 
 
 @triton.jit

@@ -10,7 +10,8 @@ by a sum over each token's contiguous atoms.
 
 Triton is imported lazily (foldmill.kernels.triton_modulation_kernel): this module loads where
 triton is absent; `triton_support.available()` is then False. Inputs the kernels do not take
-(autograd recording, a non-contiguous activation, rows wider than MAX_WIDTH) run the reference.
+(autograd recording, a non-contiguous activation, rows wider than MAX_WIDTH) run the reference
+(the `supports_*` predicates).
 """
 
 from __future__ import annotations
@@ -28,43 +29,46 @@ def _kernel_applies(a: Tensor, *terms: Tensor) -> bool:
     return not records_autograd(a, *terms) and a.is_contiguous() and terms_ok and padded_width(a.shape[-1]) <= MAX_WIDTH
 
 
-def adaptive_layer_norm(a: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float) -> Tensor:
-    if not _kernel_applies(a, scale, shift):
-        from foldmill.model.layers.modulation import adaptive_layer_norm as reference
+def supports_adaptive_layer_norm(a: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float) -> bool:
+    return _kernel_applies(a, scale, shift)
 
-        return reference(a, scale, shift, samples, eps)
+
+def adaptive_layer_norm(a: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float) -> Tensor:
     from foldmill.kernels.triton_modulation_kernel import adaptive_layer_norm as kernel
 
     return kernel(a, scale, shift, samples, eps)
 
 
+def supports_residual_adaptive_layer_norm(
+    a: Tensor, gate: Tensor, update: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float
+) -> bool:
+    return _kernel_applies(a, gate, scale, shift) and update.is_contiguous()
+
+
 def residual_adaptive_layer_norm(
     a: Tensor, gate: Tensor, update: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float
 ) -> Tensor:
-    if not _kernel_applies(a, gate, scale, shift) or not update.is_contiguous():
-        from foldmill.model.layers.modulation import residual_adaptive_layer_norm as reference
-
-        return reference(a, gate, update, scale, shift, samples, eps)
     from foldmill.kernels.triton_modulation_kernel import adaptive_layer_norm as kernel
 
     return kernel(a, scale, shift, samples, eps, gate=gate, update=update)
 
 
-def swiglu_product(h: Tensor) -> Tensor:
-    from foldmill.model.layers.modulation import swiglu_product as reference
+def supports_swiglu_product(h: Tensor) -> bool:
+    return not records_autograd(h) and h.is_contiguous() and h.shape[-1] % 3 == 0
 
-    if records_autograd(h) or not h.is_contiguous() or h.shape[-1] % 3:
-        return reference(h)
+
+def swiglu_product(h: Tensor) -> Tensor:
     from foldmill.kernels.triton_modulation_kernel import swiglu_product as kernel
 
     return kernel(h)
 
 
-def token_mean(x: Tensor, starts: Tensor, inverse_counts: Tensor, samples: int, max_atoms: int) -> Tensor:
-    from foldmill.model.fast_score import token_mean as reference
+def supports_token_mean(x: Tensor, starts: Tensor, inverse_counts: Tensor, samples: int, max_atoms: int) -> bool:
+    contiguous = x.is_contiguous() and starts.is_contiguous() and inverse_counts.is_contiguous()
+    return not records_autograd(x) and contiguous
 
-    if records_autograd(x) or not x.is_contiguous() or not starts.is_contiguous() or not inverse_counts.is_contiguous():
-        return reference(x, starts, inverse_counts, samples, max_atoms)
+
+def token_mean(x: Tensor, starts: Tensor, inverse_counts: Tensor, samples: int, max_atoms: int) -> Tensor:
     from foldmill.kernels.triton_modulation_kernel import token_mean as kernel
 
     return kernel(x, starts, inverse_counts, samples, max_atoms)

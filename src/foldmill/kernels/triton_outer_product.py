@@ -23,8 +23,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.token_rows import by_token_rows
 from foldmill.kernels.triton_support import records_autograd
-from foldmill.model.token_rows import by_token_rows
 
 # The (rows, N, c * c) outer-product block made at once: 104 rows at 2,472 tokens, all rows up to ~500.
 BLOCK_BYTES = 512 << 20
@@ -39,16 +39,19 @@ def inverse_row_counts(mask: Tensor) -> Tensor:
     return counts.clamp_(min=1).reciprocal_()
 
 
+def supports(
+    a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
+) -> bool:
+    """Channel widths the kernel tiles, outside autograd."""
+    return not records_autograd(a, b, weight, bias) and a.shape[-1] in KERNEL_CHANNELS
+
+
 def outer_product_mean_update(
     a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
 ) -> Tensor:
-    """The registry backend: the kernel, or the reference where it does not apply (token_rows bounds
-    only the reference's memory; the kernel's blocks are bounded by BLOCK_BYTES)."""
+    """The registry backend, where `supports` (token_rows bounds only the reference's memory; the
+    kernel's blocks are bounded by BLOCK_BYTES)."""
     channels = a.shape[-1]
-    if records_autograd(a, b, weight, bias) or channels not in KERNEL_CHANNELS:
-        from foldmill.model.layers.outer_product_mean import outer_product_mean_update as reference
-
-        return reference(a, b, mask, weight, bias, token_rows)
     from foldmill.kernels.triton_outer_product_kernel import outer_product_sum
 
     dtype = compute_dtype(a)

@@ -22,13 +22,14 @@ from foldmill.kernels.triton_support import records_autograd
 KERNEL_HEAD_WIDTHS = (16, 32)
 
 
-def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
-    """The registry backend: the kernel, or the reference where it does not apply."""
+def supports(weights: Tensor, values: Tensor, gate: Tensor) -> bool:
+    """Head widths the kernel tiles, outside autograd."""
     head_width = values.shape[-1] // weights.shape[1]
-    if records_autograd(weights, values, gate) or head_width not in KERNEL_HEAD_WIDTHS:
-        from foldmill.model.layers.pair_weighted_averaging import gated_pair_average as reference
+    return not records_autograd(weights, values, gate) and head_width in KERNEL_HEAD_WIDTHS
 
-        return reference(weights, values, gate)
+
+def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
+    """The registry backend (where `supports`)."""
     from foldmill.kernels.triton_pair_average_kernel import gated_pair_average as kernel
 
     return kernel(weights, values, gate, compute_dtype(values))

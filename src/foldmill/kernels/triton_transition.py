@@ -30,6 +30,20 @@ def supported(dim: int, out_dim: int) -> bool:
     return min(dim, out_dim) >= MIN_WIDTH and max(padded_width(dim), padded_width(out_dim)) <= MAX_BLOCK_WIDTH
 
 
+def supports_transition(
+    x: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    fc1_weight: Tensor,
+    fc2_weight: Tensor,
+    fc3_weight: Tensor,
+    eps: float = 1e-5,
+    chunk_size: int | None = None,
+) -> bool:
+    autograd = records_autograd(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
+    return not autograd and supported(x.shape[-1], fc3_weight.shape[0])
+
+
 def transition(
     x: Tensor,
     norm_weight: Tensor,
@@ -40,12 +54,7 @@ def transition(
     eps: float = 1e-5,
     chunk_size: int | None = None,
 ) -> Tensor:
-    """The registry backend: the fused kernel, or the reference where the kernel does not apply."""
-    autograd = records_autograd(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight)
-    if autograd or not supported(x.shape[-1], fc3_weight.shape[0]):
-        from foldmill.model.layers.transition import transition as reference
-
-        return reference(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, chunk_size)
+    """The registry backend (where `supports_transition`)."""
     from foldmill.kernels.triton_transition_kernel import fused_transition
 
     return fused_transition(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, compute_dtype(x))

@@ -39,15 +39,37 @@ def supported(head_dim: int) -> bool:
     return head_dim in HEAD_DIMS
 
 
-def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """The registry backend: the flash kernel, or the reference where the kernel does not apply."""
-    if records_autograd(q, k, v, bias) or not supported(q.shape[-1]):
-        from foldmill.model.layers.triangle_attention import triangle_attention_core
+def supports_triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> bool:
+    return not records_autograd(q, k, v, bias) and supported(q.shape[-1])
 
-        return triangle_attention_core(q, k, v, bias, mask, scale)
+
+def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """The registry backend (where `supports_triangle_attention`)."""
     from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
 
     return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q))
+
+
+def supports_gated_triangle_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    mask: Tensor,
+    scale: float,
+    gate: Tensor,
+    chunk_size: int | None,
+    prepared: dict | None = None,
+) -> bool:
+    """Where the registry runs the flash kernel for the attention itself (elsewhere the reference, which
+    dispatches the attention per chunk)."""
+    from foldmill.kernels.registry import select
+
+    return (
+        not records_autograd(q, k, v, bias, gate)
+        and supported(q.shape[-1])
+        and select("triangle_attention", q, q.shape[-2]) == "triton"
+    )
 
 
 def gated_triangle_attention(
@@ -62,18 +84,8 @@ def gated_triangle_attention(
     prepared: dict | None = None,
 ) -> Tensor:
     """The "gated_triangle_attention" backend: the flash kernel with the output gate fused into its
-    store, unchunked (it never makes the logits that chunks bound), where the registry would run it
-    for the attention itself; elsewhere the reference (which dispatches the attention per chunk).
-    `prepared`: see flash_triangle_attention."""
-    from foldmill import kernels
-    from foldmill.model.layers.triangle_attention import gated_triangle_attention as reference
-
-    if (
-        records_autograd(q, k, v, bias, gate)
-        or not supported(q.shape[-1])
-        or kernels.select("triangle_attention", q, q.shape[-2]) != "triton"
-    ):
-        return reference(q, k, v, bias, mask, scale, gate, chunk_size)
+    store, unchunked (it never makes the logits that chunks bound), where
+    `supports_gated_triangle_attention`. `prepared`: see flash_triangle_attention."""
     from foldmill.kernels.triton_triangle_attention_kernel import flash_triangle_attention
 
     return flash_triangle_attention(q, k, v, bias, mask, scale, compute_dtype(q), gate=gate, prepared=prepared)

@@ -31,6 +31,30 @@ def supported(channels: int) -> bool:
     return MIN_WIDTH <= channels <= MAX_CHANNELS and padded_width(channels) == channels
 
 
+def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
+    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
+    result of every triangle multiplication backend. In-place adds, not `out=`, so autograd records it."""
+    if residual_out is None:
+        return update
+    if residual_out is not x:
+        residual_out.copy_(x)
+    return residual_out.add_(update)
+
+
+def supports_update(
+    x: Tensor,
+    direction: str,
+    mask: Tensor,
+    *weights: Tensor,
+    eps: float = 1e-5,
+    residual_out: Tensor | None = None,
+) -> bool:
+    """Half-precision compute (fp32 compute is the reference's), a contiguous `residual_out`, channel
+    counts the kernels tile, outside autograd."""
+    unfit = residual_out is not None and residual_out.stride(-1) != 1
+    return not (unfit or compute_dtype(x) == torch.float32 or records_autograd(x, *weights) or not supported(x.shape[-1]))
+
+
 def triangle_multiplicative_update(
     x: Tensor,
     direction: str,
@@ -46,14 +70,8 @@ def triangle_multiplicative_update(
     eps: float = 1e-5,
     residual_out: Tensor | None = None,
 ) -> Tensor:
-    """The registry backend: the fused kernels, or the reference where they do not apply."""
+    """The registry backend (where `supports_update`)."""
     weights = (norm_in_weight, norm_in_bias, p_in_weight, g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight)
-    unfit = residual_out is not None and residual_out.stride(-1) != 1
-    # fp32 compute (no autocast) is the reference's: the registry routes only half precision here.
-    if unfit or compute_dtype(x) == torch.float32 or records_autograd(x, *weights) or not supported(x.shape[-1]):
-        from foldmill.model.layers.triangle_multiplication import triangle_multiplicative_update as reference
-
-        return reference(x, direction, mask, *weights, eps=eps, residual_out=residual_out)
     from foldmill.kernels.triton_triangle_multiplication_kernel import fused_update
 
     return fused_update(x, direction, mask, weights, eps, compute_dtype(x), residual_out)

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import BOND_TYPES
-from foldmill.model.config import Boltz2Config, InferenceRecipe
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model.confidence import ConfidenceModule
+from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.contact_conditioning import ContactConditioning
 from foldmill.model.diffusion import AtomDiffusion
 from foldmill.model.diffusion_conditioning import DiffusionConditioning, DiffusionConditioningOutput
@@ -44,8 +44,7 @@ from foldmill.model.msa_module import MSAModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.residual import accumulate
 from foldmill.model.template_module import TemplateV2Module
-from foldmill.model.token_rows import by_token_rows, rows_per_block
-from foldmill.outputs.prediction import CONFIDENCE_SCALARS  # per-sample scalars, the writers' names
+from foldmill.vocab import BOND_TYPES, CONFIDENCE_SCALARS
 
 
 @dataclass

@@ -10,7 +10,7 @@ z (B, T, T, token_z) and the relative position encoding (B, T, T, token_z):
 Parameter names match the Boltz-2 checkpoint (`diffusion_conditioning.*`).
 
 The pair computations (pairwise conditioning, the token transformer's bias) act on each token
-pair alone, so they run a block of token rows at a time (foldmill.model.token_rows) and write
+pair alone, so they run a block of token rows at a time (foldmill.kernels.token_rows) and write
 into one preallocated output in the compute dtype: at 6,000 tokens the unblocked concatenation,
 transitions and 24 per-layer projections held ~80 GiB of temporaries; a block holds < 1 GiB.
 """
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model.atom_attention import AtomEncoder
 from foldmill.model.config import Boltz2Config
 from foldmill.model.layers.transition import Transition
-from foldmill.model.token_rows import by_token_rows, rows_per_block
 
 
 @dataclass

@@ -360,7 +360,7 @@ class FastScoreModel(nn.Module):
         if plan.max_atoms == 0:
             return mean_atoms_per_token(x, plan.atom_to_token.repeat_interleave(plan.samples, 0))
         starts, inverse_counts = plan.token_starts, plan.token_inverse_counts
-        return kernels.dispatch("token_mean", token_mean, x.contiguous(), starts, inverse_counts, plan.samples, plan.max_atoms)
+        return kernels.dispatch("token_mean", x.contiguous(), starts, inverse_counts, plan.samples, plan.max_atoms)
 
     def _tokens_to_atoms(self, values: Tensor, plan: ScorePlan) -> Tensor:
         """Token values (B*M, T, D) -> atom values (B*M, N, D); zero for atoms without a token."""
@@ -399,3 +399,7 @@ def token_mean(x: Tensor, starts: Tensor, inverse_counts: Tensor, samples: int, 
         values = torch.gather(x, 1, atom.clamp(max=atoms - 1).unsqueeze(-1).expand(-1, -1, width))
         total += values.float() * valid
     return total * inverse_counts.repeat_interleave(samples, 0).unsqueeze(-1)
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("token_mean", token_mean)

@@ -58,7 +58,6 @@ from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
 from foldmill.model.fast_sampler import FastSampler
 from foldmill.model.fast_score import FastScoreModel, ScorePlan
-from foldmill.model.layers.layer_norm import layer_norm_heads, layer_norm_in_compute_dtype
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
@@ -172,14 +171,12 @@ class ComputeDtypeLayerNorm(nn.LayerNorm):
         return self._parameters_in(x.dtype) if x.dtype == compute_dtype(x) else (self.weight, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, x, *self._parameters_for(x), self.eps)
+        return kernels.dispatch("layer_norm", x, *self._parameters_for(x), self.eps)
 
     def with_heads(self, x: Tensor, head_weight: Tensor, keep_normed: bool = True) -> tuple[Tensor | None, Tensor]:
         """This norm of x and its projection by head_weight heads first, in one op (see normed_and_heads)."""
         weight, bias = self._parameters_for(x)
-        return kernels.dispatch(
-            "layer_norm_heads", layer_norm_heads, x, weight, bias, self.eps, head_weight, keep_normed
-        )
+        return kernels.dispatch("layer_norm_heads", x, weight, bias, self.eps, head_weight, keep_normed)
 
 
 def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: DiffusionModule | None = None) -> Boltz2:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import MOL_TYPES, NUM_TOKENS
 from foldmill.model.atom_attention import AtomAttentionEncoder, AtomEncoder
 from foldmill.model.config import Boltz2Config
+from foldmill.vocab import MOL_TYPES, NUM_TOKENS
 
 # Rows of Boltz-2's experimental-method embedding (const.num_method_types; the
 # featurizer's METHOD_TYPE_ID uses the first few).

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import one_hot
 
-from foldmill.features.vocab import NUM_TOKENS
 from foldmill.model.layers.pairformer import PairformerNoSeqModule
+from foldmill.vocab import NUM_TOKENS
 
 
 def _unit_vectors_in_frames(frame_rot: Tensor, frame_t: Tensor, ca: Tensor) -> Tensor:

@@ -85,5 +85,9 @@ class AttentionPairBias(nn.Module):
             bias = z.movedim(-1, 1)
         bias = shared_by_samples(bias, multiplicity)
         gate = self.proj_g(s).sigmoid()
-        out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, self.inf)
+        out = kernels.dispatch("attention_pair_bias", q, k, v, bias, mask, self.inf)
         return self.proj_o(gate * out.reshape(batch, -1, self.c_s))
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("attention_pair_bias", attention_with_pair_bias)

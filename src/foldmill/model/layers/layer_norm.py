@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
 
 
@@ -52,3 +53,8 @@ def normed_and_heads(
         return with_heads(x, projection.weight, keep_normed)
     normed = norm(x)
     return (normed if keep_normed else None), projection(normed).permute(0, 3, 1, 2).contiguous()
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("layer_norm", layer_norm_in_compute_dtype)
+kernels.register_reference("layer_norm_heads", layer_norm_heads)

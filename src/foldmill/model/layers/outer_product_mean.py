@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.model.token_rows import by_token_rows
+from foldmill.kernels.token_rows import by_token_rows
 
 
 def outer_product_mean_update(
@@ -56,5 +56,9 @@ class OuterProductMean(nn.Module):
         a = self.proj_a(m) * valid
         b = self.proj_b(m) * valid
         return kernels.dispatch(
-            "outer_product_mean", outer_product_mean_update, a, b, mask, self.proj_o.weight, self.proj_o.bias, token_rows
+            "outer_product_mean", a, b, mask, self.proj_o.weight, self.proj_o.bias, token_rows
         )
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("outer_product_mean", outer_product_mean_update)

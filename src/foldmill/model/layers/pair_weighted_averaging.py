@@ -52,7 +52,7 @@ class PairWeightedAveraging(nn.Module):
         values, gate = F.linear(m, torch.cat([self.proj_m.weight[channels], self.proj_g.weight[channels]])).chunk(2, -1)
         logits = F.linear(z, self.proj_z.weight[heads]).permute(0, 3, 1, 2)  # (B, h, N, N)
         weights = torch.softmax(logits + (1 - mask[:, None]) * -self.inf, dim=-1)
-        return kernels.dispatch("pair_weighted_average", gated_pair_average, weights, values, gate)
+        return kernels.dispatch("pair_weighted_average", weights, values, gate)
 
     def forward(self, m: Tensor, z: Tensor, mask: Tensor, chunk_heads: bool = False) -> Tensor:
         """chunk_heads computes one head at a time to bound memory on deep MSAs."""
@@ -66,3 +66,7 @@ class PairWeightedAveraging(nn.Module):
             part = update @ self.proj_o.weight[:, head * self.c_h : (head + 1) * self.c_h].T
             out = part if out is None else out + part
         return out
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("pair_weighted_average", gated_pair_average)

@@ -57,7 +57,6 @@ class Transition(nn.Module):
         """x: (..., dim). chunk_size splits the hidden width to bound peak memory (reference path)."""
         return kernels.dispatch(
             "transition",
-            transition,
             x,
             self.norm.weight,
             self.norm.bias,
@@ -67,3 +66,7 @@ class Transition(nn.Module):
             eps=self.norm.eps,
             chunk_size=chunk_size,
         )
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("transition", transition)

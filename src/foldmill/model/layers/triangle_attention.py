@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.kernels.token_rows import by_token_rows
 from foldmill.model.layers.layer_norm import normed_and_heads
-from foldmill.model.token_rows import by_token_rows
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
@@ -66,7 +66,7 @@ def gated_triangle_attention(
     rows = q.shape[1]
     out = by_token_rows(
         lambda block: kernels.dispatch(
-            "triangle_attention", triangle_attention_core, q[:, block], k[:, block], v[:, block], bias,
+            "triangle_attention", q[:, block], k[:, block], v[:, block], bias,
             mask[:, block], scale,
         ),
         rows,
@@ -144,7 +144,7 @@ class GatedAttention(nn.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         scale = 1.0 / math.sqrt(self.c_hidden)
         return kernels.dispatch(
-            "gated_triangle_attention", gated_triangle_attention, q, k, v, bias, mask, scale, gate, chunk_size,
+            "gated_triangle_attention", q, k, v, bias, mask, scale, gate, chunk_size,
             prepared,
         )  # fmt: skip
 
@@ -211,3 +211,8 @@ class TriangleAttentionEndingNode(TriangleAttention):
 
     def __init__(self, c_in: int, c_hidden: int, num_heads: int) -> None:
         super().__init__(c_in, c_hidden, num_heads, starting=False)
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("triangle_attention", triangle_attention_core)
+kernels.register_reference("gated_triangle_attention", gated_triangle_attention)

@@ -21,8 +21,8 @@ from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
-from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
-from foldmill.model.token_rows import rows_per_block
+from foldmill.kernels.token_rows import rows_per_block
+from foldmill.kernels.triton_triangle_multiplication import with_residual
 
 Direction = Literal["outgoing", "incoming"]
 
@@ -33,16 +33,6 @@ _PRODUCT_EQUATION = {"outgoing": "bikd,bjkd->bijd", "incoming": "bkid,bkjd->bijd
 def triangle_product(a: Tensor, b: Tensor, direction: Direction) -> Tensor:
     """The cubic core: a, b (B, N, N, D) -> (B, N, N, D), summed over the third node k."""
     return torch.einsum(_PRODUCT_EQUATION[direction], a, b)
-
-
-def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
-    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
-    result of every triangle multiplication backend. In-place adds, not `out=`, so autograd records it."""
-    if residual_out is None:
-        return update
-    if residual_out is not x:
-        residual_out.copy_(x)
-    return residual_out.add_(update)
 
 
 def triangle_multiplicative_update(
@@ -71,6 +61,8 @@ def triangle_multiplicative_update(
     update = F.linear(product, p_out_weight) * F.linear(normed, g_out_weight).sigmoid()
     return with_residual(x, update, residual_out)
 
+
+kernels.register_reference("triangle_multiplication", triangle_multiplicative_update)
 
 # Above this many tokens the update runs by_rows. cuEquivariance's fused op is ~4x faster but holds
 # about 8 pair-sized compute-dtype temporaries: measured on the H200 (128 channels), 2.0 GiB at 1,024
@@ -117,7 +109,7 @@ def triangle_multiplicative_update_by_rows(
     in_weight = torch.cat([p_in_weight, g_in_weight])
 
     def layer_norm(y: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, y, weight, bias, eps)
+        return kernels.dispatch("layer_norm", y, weight, bias, eps)
 
     def normed_rows(block: slice) -> Tensor:
         return layer_norm(x[:, block], norm_in_weight, norm_in_bias)
@@ -172,7 +164,7 @@ class _TriangleMultiplication(nn.Module):
             update = triangle_multiplicative_update_by_rows(x, self.direction, mask, *weights, eps=self.norm_in.eps)
             return with_residual(x, update, residual_out)
         return kernels.dispatch(
-            "triangle_multiplication", triangle_multiplicative_update, x, self.direction, mask, *weights,
+            "triangle_multiplication", x, self.direction, mask, *weights,
             eps=self.norm_in.eps, residual_out=residual_out,
         )
 

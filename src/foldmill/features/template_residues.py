@@ -4,7 +4,7 @@
 L = query_length residues (T x L leading dimensions; query residues a template does not cover
 stay zero, as in Boltz-2):
 
-  template_restype_ids (T, L) int64    vocabulary class (`foldmill.features.vocab.TOKEN_ID`) of the
+  template_restype_ids (T, L) int64    vocabulary class (`foldmill.vocab.TOKEN_ID`) of the
                                        aligned template residue; 0 (<pad>) where not aligned.
                                        One-hot it (33 classes) for Boltz-2's `template_restype`.
   template_frame_rot   (T, L, 3, 3)    backbone frame, columns e1, e2, e3: e1 = unit(C - CA),
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from foldmill.features.vocab import TOKEN_ID, residue_name
 from foldmill.templates.structure import one_letter
 from foldmill.templates.types import TemplateAlignment
+from foldmill.vocab import TOKEN_ID, residue_name
 
 N, CA, C, CB = range(4)
 _GLYCINE = TOKEN_ID["GLY"]

@@ -1,4 +1,5 @@
-"""The Boltz-2 residue-type vocabulary (33 classes) and one-letter code maps.
+"""Names every layer shares: the Boltz-2 residue-type vocabulary (33 classes), one-letter code maps,
+and the per-sample confidence scalars the model returns and the writers write.
 
 Class order is part of the checkpoint's contract (embedding rows), so it must not change.
 """
@@ -72,3 +73,17 @@ DEFAULT_METHOD = "x-ray diffraction"
 
 NUM_ELEMENTS = 128  # one-hot width of ref_element (atomic number)
 NUM_ATOM_NAME_CHARS = 64  # one-hot width per atom-name character (ASCII code - 32)
+
+
+# Per-sample scalar confidences, named and ordered as Boltz writes them in its confidence JSON.
+CONFIDENCE_SCALARS = (
+    "confidence_score",
+    "ptm",
+    "iptm",
+    "ligand_iptm",
+    "protein_iptm",
+    "complex_plddt",
+    "complex_iplddt",
+    "complex_pde",
+    "complex_ipde",
+)

@@ -24,6 +24,8 @@ from torch import Tensor
 
 from foldmill import kernels
 from foldmill.kernels.crossover import table_from_timings
+from foldmill.model.layers.transition import Transition
+from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
 from foldmill.runtime.timing import cuda_median_ms
 
 SIZES = (128, 256, 384, 512, 768, 1024)
@@ -37,12 +39,6 @@ def relative_error(value: Tensor, reference: Tensor) -> float:
 
 def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[], Tensor], Callable[[], Tensor]]]:
     """op -> (run in bf16 through the registry, fp32 reference on the same inputs)."""
-    from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
-    from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
-    from foldmill.model.layers.transition import Transition
-    from foldmill.model.layers.triangle_attention import triangle_attention_core
-    from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
-
     n, bf16 = num_tokens, torch.bfloat16
     generator = torch.Generator(device=device).manual_seed(num_tokens)
 
@@ -64,7 +60,7 @@ def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[]
 
     def tri_attention(dtype: torch.dtype) -> Callable[[], Tensor]:
         args = (q.to(dtype), k.to(dtype), v.to(dtype), tri_bias.to(dtype), tri_mask, scale)
-        return lambda: kernels.dispatch("triangle_attention", triangle_attention_core, *args)
+        return lambda: kernels.dispatch("triangle_attention", *args)
 
     # The score model's token attention (5 samples, 16 heads x 48, one bias shared by the samples): it
     # makes ~95% of this op's calls in a forward (200 steps x 24 layers against the trunk's 4 x 64).
@@ -73,7 +69,7 @@ def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[]
 
     def pair_bias_attention(dtype: torch.dtype) -> Callable[[], Tensor]:
         args = (sq.to(dtype), sk.to(dtype), sv.to(dtype), s_bias.to(dtype), s_mask, 1e6)
-        return lambda: kernels.dispatch("attention_pair_bias", attention_with_pair_bias, *args)
+        return lambda: kernels.dispatch("attention_pair_bias", *args)
 
     transition = Transition(128, 512).to(device).eval().requires_grad_(False)  # inference, as in the model
     for parameter in transition.parameters():
@@ -86,7 +82,7 @@ def _cases(num_tokens: int, device: torch.device) -> dict[str, tuple[Callable[[]
     norm_weight, norm_bias = 1 + 0.2 * randn(128), 0.2 * randn(128)
 
     def layer_norm() -> Tensor:  # fp32 pair in; under autocast the compute dtype out
-        return kernels.dispatch("layer_norm", layer_norm_in_compute_dtype, pair, norm_weight, norm_bias, 1e-5)
+        return kernels.dispatch("layer_norm", pair, norm_weight, norm_bias, 1e-5)
 
     def reference(fn: Callable[[], Tensor]) -> Callable[[], Tensor]:
         def run() -> Tensor:
