@@ -1,4 +1,4 @@
-"""The restructured score model (foldmill.model.fast_score) computes DiffusionModule.forward:
+"""The restructured score model (foldmill.fastpath.score) computes DiffusionModule.forward:
 fp32 on the CPU against the module (padding tokens, two records, atoms not laid out by token),
 its routed ops against their definitions, their Triton kernels under the interpreter (skipped
 without triton) and on the GPU, and the bf16 model on the GPU at the released architecture."""
@@ -11,18 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run fastest on one thread)
 from torch.nn import functional as F
 
 from foldmill.bench._inputs import BenchInput, featurize_input, load_features
+from foldmill.fastpath.padding import pad_token_features
+from foldmill.fastpath.score import FastScoreModel, token_mean
 from foldmill.features.featurize import stack_featurized
-from foldmill.kernels.padding import pad_token_features
 from foldmill.model import Boltz2Config, demo_model
 from foldmill.model.atom_attention import mean_atoms_per_token
 from foldmill.model.diffusion_transformer import AdaLN, SwiGLU
-from foldmill.model.fast_score import FastScoreModel, token_mean
 from foldmill.model.layers import modulation
-from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +217,11 @@ def test_bf16_restructured_score_model_on_the_gpu():
     """Released architecture, ~300 tokens with padding: the restructured bf16 score model is as close to
     the fp32 module as the bf16 module is (foldmill bench score measures the same at other sizes)."""
     from foldmill.bench.score import _trunk_like
+    from foldmill.fastpath.cuda_graphs import GraphedCall
+    from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
     from foldmill.kernels import kernel_policy
-    from foldmill.kernels.cuda_graphs import GraphedCall
     from foldmill.model import Boltz2
     from foldmill.model.demo import randomize_weights
-    from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
     device = torch.device("cuda")
     with torch.device(device):

@@ -11,10 +11,11 @@ import torch
 from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run fastest on one thread)
 
 from foldmill.bench._inputs import BenchInput, featurize_input
-from foldmill.kernels.cuda_graphs import GraphedCall
+from foldmill.fastpath.cuda_graphs import GraphedCall
+from foldmill.fastpath.prepare import low_precision_network, low_precision_score_model
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model import Boltz2Config, demo_model
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions, low_precision_network, low_precision_score_model
 
 
 @pytest.fixture(scope="module")

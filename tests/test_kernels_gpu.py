@@ -11,8 +11,8 @@ import torch
 from kernel_testing import relative_error
 
 from foldmill import kernels
+from foldmill.fastpath.cuda_graphs import GraphedCall
 from foldmill.kernels import cueq, triton_support
-from foldmill.kernels.cuda_graphs import GraphedCall
 from foldmill.model.layers import triangle_attention
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.transition import Transition, transition
@@ -301,12 +301,12 @@ def test_triton_transition_replays_in_a_cuda_graph():
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "bf16"])
 def test_triton_layer_norm_matches_the_fp32_norm(layout):
-    """As ComputeDtypeLayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
+    """As the compute-dtype LayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
     or a bf16 pair) under bf16 autocast -> bf16, through the registry with the Triton backend pinned."""
     _needs_triton()
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import LayerNorm
 
-    norm = randomized(torch.nn.LayerNorm(128), seed=11)
+    norm = randomized(LayerNorm(128), seed=11)
     norm.weight.data = 1 + 0.2 * norm.weight.data
     z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(12)) * 2 + 0.5
     if layout == "transposed":
@@ -315,7 +315,7 @@ def test_triton_layer_norm_matches_the_fp32_norm(layout):
         z = z.bfloat16()
     with torch.no_grad():
         expected = norm(z.float())
-        norm.__class__ = ComputeDtypeLayerNorm
+        norm.in_compute_dtype = True
         kernels.reset_counts()
         with kernels.kernel_policy(force={"layer_norm": "triton"}), torch.autocast("cuda", torch.bfloat16):
             out = norm(z)
@@ -329,10 +329,10 @@ def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, he
     """As the pair-bias attention (16 heads, no norm kept) and the ending-node triangle attention (the
     transposed view, 4 heads, the norm kept) run it: fp32 pair under bf16 autocast, the Triton backend."""
     _needs_triton()
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import LayerNorm
     from foldmill.model.layers.layer_norm import normed_and_heads
 
-    norm = randomized(torch.nn.LayerNorm(128), seed=13)
+    norm = randomized(LayerNorm(128), seed=13)
     norm.weight.data = 1 + 0.2 * norm.weight.data
     projection = randomized(torch.nn.Linear(128, heads, bias=False), seed=14).to(torch.bfloat16)
     z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(15)) * 2 + 0.5
@@ -341,7 +341,7 @@ def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, he
     with torch.no_grad():
         expected_normed = norm(z)
         expected = (expected_normed @ projection.weight.float().T).permute(0, 3, 1, 2)
-        norm.__class__ = ComputeDtypeLayerNorm
+        norm.in_compute_dtype = True
         kernels.reset_counts()
         with kernels.kernel_policy(force={"layer_norm_heads": "triton"}), torch.autocast("cuda", torch.bfloat16):
             normed, out = normed_and_heads(norm, projection, z, keep_normed)
@@ -400,8 +400,8 @@ def test_graph_memory_guard_runs_eagerly():
 
 def test_fast_path_on_gpu_graphs_equal_eager(data_dir):
     from foldmill.bench._inputs import load_features
+    from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
     from foldmill.model import Boltz2Config, InferenceRecipe, demo_model
-    from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
     # Featurized with foldmill.bench._inputs (BenchInput((130, 167))): the GPU machine has no CCD.
     feats = load_features(data_dir / "features_130+167.npz", CUDA)

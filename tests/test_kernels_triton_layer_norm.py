@@ -111,20 +111,19 @@ def test_kernel_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path
 
 @torch.no_grad()
 def test_normed_and_heads_is_the_norm_and_the_projection_heads_first():
-    """Plain modules (the reference model) and the fast path's compute-dtype LayerNorm (its op's reference
-    on the CPU) give the norm and the (B, H, I, J) contiguous projection of it."""
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
-    from foldmill.model.layers.layer_norm import normed_and_heads
+    """Plain modules (the reference model) and the compute-dtype LayerNorm of an inference copy (its op's
+    reference on the CPU) give the norm and the (B, H, I, J) contiguous projection of it."""
+    from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
     generator = torch.Generator().manual_seed(7)
-    norm, projection = torch.nn.LayerNorm(16), torch.nn.Linear(16, 4, bias=False)
+    norm, projection = LayerNorm(16), torch.nn.Linear(16, 4, bias=False)
     torch.nn.init.normal_(norm.weight, 1.0, 0.3, generator=generator)
     x = torch.randn(2, 5, 6, 16, generator=generator)
     expected_normed = norm(x)
     expected_heads = projection(expected_normed).permute(0, 3, 1, 2)
     normed, heads = normed_and_heads(norm, projection, x)
     assert torch.equal(normed, expected_normed) and torch.equal(heads, expected_heads) and heads.is_contiguous()
-    norm.__class__ = ComputeDtypeLayerNorm
+    norm.in_compute_dtype = True
     none, heads = normed_and_heads(norm, projection, x, keep_normed=False)
     assert none is None and relative_error(heads, expected_heads) <= 1e-6
 

@@ -134,7 +134,7 @@ _register_triton_op("layer_norm", triton_layer_norm.layer_norm, triton_layer_nor
 _register_triton_op(
     "layer_norm_heads", triton_layer_norm.layer_norm_heads, triton_layer_norm.supports_layer_norm_heads, _HALF
 )
-# The score model's elementwise ops (foldmill.model.fast_score): rows of (B * samples, L, D).
+# The score model's elementwise ops (foldmill.fastpath.score): rows of (B * samples, L, D).
 _register_triton_op(
     "adaptive_layer_norm",
     triton_modulation.adaptive_layer_norm,

@@ -1,5 +1,5 @@
 """Triton backends of the score model's elementwise ops ("adaptive_layer_norm", "swiglu_product")
-and of its atoms-to-tokens mean (foldmill.model.fast_score).
+and of its atoms-to-tokens mean (foldmill.fastpath.score).
 
 Why: in the diffusion transformer each of these is a chain of 3-5 PyTorch kernels (LayerNorm,
 multiply, add; silu, multiply, multiply; a dense one-hot product for the mean), run 200 steps x

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from foldmill.kernels.token_rows import rows_per_block
 from foldmill.model import confidence_metrics as metrics
 from foldmill.model.contact_conditioning import ContactConditioning
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.residual import accumulate
@@ -164,10 +165,10 @@ class ConfidenceModule(nn.Module):
             self.s_to_z_prod_in1 = nn.Linear(token_s, token_z, bias=False)
             self.s_to_z_prod_in2 = nn.Linear(token_s, token_z, bias=False)
             self.s_to_z_prod_out = nn.Linear(token_z, token_z, bias=False)
-        self.s_inputs_norm = nn.LayerNorm(token_s)
+        self.s_inputs_norm = LayerNorm(token_s)
         if not self.no_update_s:
-            self.s_norm = nn.LayerNorm(token_s)
-        self.z_norm = nn.LayerNorm(token_z)
+            self.s_norm = LayerNorm(token_s)
+        self.z_norm = LayerNorm(token_z)
         if add_s_input_to_s:
             self.s_input_to_s = nn.Linear(token_s, token_s, bias=False)
         if add_z_input_to_z:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model.atom_attention import AtomEncoder
 from foldmill.model.config import Boltz2Config
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.transition import Transition
 
 
@@ -45,7 +46,7 @@ class PairwiseConditioning(nn.Module):
     def __init__(self, token_z: int, dim_token_rel_pos_feats: int, num_transitions: int = 2) -> None:
         super().__init__()
         width = token_z + dim_token_rel_pos_feats
-        self.dim_pairwise_init_proj = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, token_z, bias=False))
+        self.dim_pairwise_init_proj = nn.Sequential(LayerNorm(width), nn.Linear(width, token_z, bias=False))
         self.transitions = nn.ModuleList(Transition(dim=token_z, hidden=2 * token_z) for _ in range(num_transitions))
 
     def forward(self, z_trunk: Tensor, relative_position_encoding: Tensor) -> Tensor:
@@ -57,7 +58,7 @@ class PairwiseConditioning(nn.Module):
 
 def _bias_heads(width: int, heads: int, depth: int) -> nn.ModuleList:
     """One LayerNorm + bias-free projection to `heads` per transformer layer."""
-    return nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, heads, bias=False)) for _ in range(depth))
+    return nn.ModuleList(nn.Sequential(LayerNorm(width), nn.Linear(width, heads, bias=False)) for _ in range(depth))
 
 
 class DiffusionConditioning(nn.Module):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from foldmill import kernels
-from foldmill.model.layers.layer_norm import normed_and_heads
+from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
 
 def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
@@ -71,7 +71,7 @@ class AttentionPairBias(nn.Module):
         if compute_pair_bias:
             if c_z is None:
                 raise ValueError("c_z is required when compute_pair_bias=True")
-            self.proj_z = nn.Sequential(nn.LayerNorm(c_z), nn.Linear(c_z, num_heads, bias=False))
+            self.proj_z = nn.Sequential(LayerNorm(c_z), nn.Linear(c_z, num_heads, bias=False))
         self.proj_o = nn.Linear(c_s, c_s, bias=False)
 
     def forward(self, s: Tensor, z: Tensor, mask: Tensor, k_in: Tensor, multiplicity: int = 1) -> Tensor:

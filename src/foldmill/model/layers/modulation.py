@@ -2,7 +2,7 @@
 
 The diffusion transformer's layers (foldmill.model.diffusion_transformer) modulate a LayerNorm of
 their residual stream by terms computed from the conditioning s (AdaLN) and gate a SwiGLU
-product. foldmill.model.fast_score computes the s terms once per step (or once per sampling run,
+product. foldmill.fastpath.score computes the s terms once per step (or once per sampling run,
 for the atom transformers) and applies them here; both functions broadcast those terms over the
 `samples` diffusion samples stacked record-major in the rows of `a`/`h`, so the terms are never
 repeated per sample. Each is called through the kernel registry (a fused Triton kernel on CUDA,

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.token_rows import by_token_rows
+from foldmill.model.layers.layer_norm import LayerNorm
 
 
 def outer_product_mean_update(
@@ -44,7 +45,7 @@ class OuterProductMean(nn.Module):
     def __init__(self, c_in: int, c_hidden: int, c_out: int) -> None:
         super().__init__()
         self.c_hidden = c_hidden
-        self.norm = nn.LayerNorm(c_in)
+        self.norm = LayerNorm(c_in)
         self.proj_a = nn.Linear(c_in, c_hidden, bias=False)
         self.proj_b = nn.Linear(c_in, c_hidden, bias=False)
         self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.model.layers.layer_norm import LayerNorm
 
 
 def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
@@ -38,8 +39,8 @@ class PairWeightedAveraging(nn.Module):
         self.c_h = c_h
         self.num_heads = num_heads
         self.inf = inf
-        self.norm_m = nn.LayerNorm(c_m)
-        self.norm_z = nn.LayerNorm(c_z)
+        self.norm_m = LayerNorm(c_m)
+        self.norm_z = LayerNorm(c_z)
         self.proj_m = nn.Linear(c_m, c_h * num_heads, bias=False)
         self.proj_g = nn.Linear(c_m, c_h * num_heads, bias=False)
         self.proj_z = nn.Linear(c_z, num_heads, bias=False)

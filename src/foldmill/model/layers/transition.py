@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.model.layers.layer_norm import LayerNorm
 
 
 def transition(
@@ -48,7 +49,7 @@ class Transition(nn.Module):
         super().__init__()
         out_dim = dim if out_dim is None else out_dim
         self.hidden = hidden
-        self.norm = nn.LayerNorm(dim, eps=1e-5)
+        self.norm = LayerNorm(dim, eps=1e-5)
         self.fc1 = nn.Linear(dim, hidden, bias=False)
         self.fc2 = nn.Linear(dim, hidden, bias=False)
         self.fc3 = nn.Linear(hidden, out_dim, bias=False)

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.token_rows import by_token_rows
-from foldmill.model.layers.layer_norm import normed_and_heads
+from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
@@ -161,7 +161,7 @@ class TriangleAttention(nn.Module):
     def __init__(self, c_in: int, c_hidden: int, num_heads: int, starting: bool = True) -> None:
         super().__init__()
         self.starting = starting
-        self.layer_norm = nn.LayerNorm(c_in, eps=1e-5)
+        self.layer_norm = LayerNorm(c_in, eps=1e-5)
         self.linear = nn.Linear(c_in, num_heads, bias=False)
         self.mha = GatedAttention(c_in, c_hidden, num_heads)
 

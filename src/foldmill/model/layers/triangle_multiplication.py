@@ -23,6 +23,7 @@ from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
 from foldmill.kernels.token_rows import rows_per_block
 from foldmill.kernels.triton_triangle_multiplication import with_residual
+from foldmill.model.layers.layer_norm import LayerNorm
 
 Direction = Literal["outgoing", "incoming"]
 
@@ -140,10 +141,10 @@ class _TriangleMultiplication(nn.Module):
 
     def __init__(self, dim: int = 128) -> None:
         super().__init__()
-        self.norm_in = nn.LayerNorm(dim, eps=1e-5)
+        self.norm_in = LayerNorm(dim, eps=1e-5)
         self.p_in = nn.Linear(dim, 2 * dim, bias=False)
         self.g_in = nn.Linear(dim, 2 * dim, bias=False)
-        self.norm_out = nn.LayerNorm(dim, eps=1e-5)
+        self.norm_out = LayerNorm(dim, eps=1e-5)
         self.p_out = nn.Linear(dim, dim, bias=False)
         self.g_out = nn.Linear(dim, dim, bias=False)
 

@@ -9,9 +9,9 @@ stages in the same order, from the model's own modules; what it changes:
 
 - precision: trunk (input embedding, templates, MSA, pairformer), distogram/B-factor heads,
   diffusion conditioning and confidence run from a copy of the model whose linear weights are
-  stored in bf16 (`low_precision_network`: no per-call weight casts; triangle multiplication
-  keeps fp32 weights, which cuEquivariance reads itself) and whose LayerNorms compute in fp32 and
-  return bf16 (`ComputeDtypeLayerNorm`), under bf16 autocast. The trunk's s/z residual stream is
+  stored in bf16 (no per-call weight casts; triangle multiplication keeps fp32 weights, which
+  cuEquivariance reads itself) and whose LayerNorms compute in fp32 and return bf16, under bf16
+  autocast (the copies are made by foldmill.fastpath.prepare, whose docstring lists its passes). The trunk's s/z residual stream is
   stored in `trunk_residual` precision between blocks: fp32 (default; OSS Boltz-2's numerics,
   whose z is fp32 under bf16 autocast) or bf16 (half the pair memory and traffic). The diffusion sampler (noise
   schedule, noise, random augmentation, rigid alignment, Euler steps, coordinates) stays fp32.
@@ -19,11 +19,11 @@ stages in the same order, from the model's own modules; what it changes:
   casts), with its coordinate- and noise-facing layers (Fourier embedding of the noise level,
   r_to_q_trans, the final position projection) kept in fp32.
 - kernels: foldmill.kernels picks cuEquivariance / SDPA / Triton / reference per op and size; and
-  sampling runs foldmill.model.fast_sampler's device-only steps over the restructured score model
-  (foldmill.model.fast_score: per-run and per-record work hoisted out of the steps, fused layers).
+  sampling runs foldmill.fastpath.sampler's device-only steps over the restructured score model
+  (foldmill.fastpath.score: per-run and per-record work hoisted out of the steps, fused layers).
 - token padding to a multiple of `pad_tokens_to` (outputs cropped back).
 - CUDA graphs: the whole sampling step (kernels on) or the score-model call (kernels off) is
-  captured per shape and replayed for every step (foldmill.kernels.cuda_graphs), and dropped when
+  captured per shape and replayed for every step (foldmill.fastpath.cuda_graphs), and dropped when
   the sampling run ends (it reads that run's conditioning in place), up to
   `max_graph_tokens` tokens; the trunk's pairformer pass
   (64 blocks, same shapes every recycle) likewise up to `max_trunk_graph_tokens`; beyond, eager. The
@@ -40,35 +40,22 @@ The weights are those of `model` when the runner is built; build a new runner af
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from foldmill import kernels
-from foldmill.kernels.cuda_graphs import GraphedCall
-from foldmill.kernels.padding import crop_token_outputs, pad_token_features
-from foldmill.kernels.registry import compute_dtype
+from foldmill.fastpath.cuda_graphs import GraphedCall
+from foldmill.fastpath.padding import crop_token_outputs, pad_token_features
+from foldmill.fastpath.prepare import PrepareOptions, prepare
+from foldmill.fastpath.sampler import FastSampler
+from foldmill.fastpath.score import ScorePlan
 from foldmill.model.boltz2 import Boltz2, TrunkOutput, sampling_generator
 from foldmill.model.config import InferenceRecipe
-from foldmill.model.diffusion import DiffusionModule
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
-from foldmill.model.fast_sampler import FastSampler
-from foldmill.model.fast_score import FastScoreModel, ScorePlan
-from foldmill.model.layers.pairformer import PairformerModule
-from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationIncoming, TriangleMultiplicationOutgoing
 
-# Score-model layers kept in fp32: those that see coordinates or the noise level directly, and the
-# once-per-run trunk embedding (the samplers call it outside autocast, on the fp32 trunk s).
-FP32_SCORE_LAYERS = (
-    "single_conditioner.fourier_embed",
-    "single_conditioner.single_embed",
-    "atom_attention_encoder.r_to_q_trans",
-    "atom_attention_decoder.atom_feat_to_atom_pos_update",
-)
 TRAINING_ONLY_FEATURES = frozenset({"disto_target"})
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -118,116 +105,21 @@ class FastPathOptions:
         return frozenset({self.dtype, self.score_dtype})
 
     @property
+    def prepare_options(self) -> PrepareOptions:
+        return PrepareOptions(
+            dtype=self.dtype,
+            score_dtype=self.score_dtype,
+            kernels=self.kernels,
+            cuda_graphs=self.cuda_graphs,
+            max_trunk_graph_tokens=self.max_trunk_graph_tokens,
+            max_confidence_graph_tokens=self.max_confidence_graph_tokens,
+            graph_capacity=self.graph_capacity,
+        )
+
+    @property
     def residual_dtype(self) -> torch.dtype | None:
         """The trunk's residual dtype; None for an fp32 network (the reference computation, untouched)."""
         return None if self.dtype == torch.float32 else _PRECISIONS[self.trunk_residual]
-
-
-class _Float32(nn.Module):
-    """Runs the wrapped module in fp32 with autocast off, whatever the surrounding precision."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, x: Tensor) -> Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return self.module(x.float())
-
-
-def low_precision_score_model(score_model: DiffusionModule, dtype: torch.dtype) -> DiffusionModule:
-    """A copy of the score model with linear weights in `dtype`, FP32_SCORE_LAYERS wrapped in fp32."""
-    clone = copy.deepcopy(score_model)
-    for name in FP32_SCORE_LAYERS:
-        parent_name, _, attribute = name.rpartition(".")
-        parent = clone.get_submodule(parent_name)
-        setattr(parent, attribute, _Float32(getattr(parent, attribute)))
-    keep = {id(m) for wrapper in clone.modules() if isinstance(wrapper, _Float32) for m in wrapper.modules()}
-    _cast_linears(clone, dtype, keep)
-    return clone.eval()
-
-
-def _cast_linears(root: nn.Module, dtype: torch.dtype, keep: set[int]) -> None:
-    """Every nn.Linear under `root` to `dtype`, except the modules whose ids are in `keep`."""
-    for module in root.modules():
-        if isinstance(module, nn.Linear) and id(module) not in keep:
-            module.to(dtype)
-
-
-class ComputeDtypeLayerNorm(nn.LayerNorm):
-    """A LayerNorm whose statistics are fp32 and whose output has the compute dtype: the routed
-    "layer_norm" op (foldmill.model.layers.layer_norm; a Triton kernel on CUDA). The parameters stay
-    fp32; for a half-precision input the reference wants half copies of them (CUDA's kernel takes
-    one dtype and accumulates in fp32 anyway), made once: an inference copy's weights do not change."""
-
-    def _parameters_in(self, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
-        cache = self.__dict__.setdefault("_cast_parameters", {})
-        key = (dtype, None if self.weight is None else self.weight.device)
-        if key not in cache:
-            cache[key] = tuple(None if p is None else p.detach().to(dtype) for p in (self.weight, self.bias))
-        return cache[key]
-
-    def _parameters_for(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return self._parameters_in(x.dtype) if x.dtype == compute_dtype(x) else (self.weight, self.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return kernels.dispatch("layer_norm", x, *self._parameters_for(x), self.eps)
-
-    def with_heads(self, x: Tensor, head_weight: Tensor, keep_normed: bool = True) -> tuple[Tensor | None, Tensor]:
-        """This norm of x and its projection by head_weight heads first, in one op (see normed_and_heads)."""
-        weight, bias = self._parameters_for(x)
-        return kernels.dispatch("layer_norm_heads", x, weight, bias, self.eps, head_weight, keep_normed)
-
-
-def low_precision_network(model: Boltz2, dtype: torch.dtype, score_model: DiffusionModule | None = None) -> Boltz2:
-    """A copy of `model` for the bf16 stages: linear weights in `dtype`, LayerNorms ComputeDtypeLayerNorm.
-
-    The diffusion score model is not copied: the copy holds `score_model` in its place (the runner's
-    own, see low_precision_score_model; default: the model's, shared); triangle multiplications
-    keep fp32 weights (cuEquivariance reads them itself under autocast, as in OSS Boltz-2).
-    Parameter names are unchanged.
-    """
-    original = model.structure_module.score_model
-    if score_model is None:
-        score_model = original
-    clone = copy.deepcopy(model, memo={id(original): score_model})
-    shared = {id(module) for module in score_model.modules()}
-    fp32_weights = {
-        id(module)
-        for owner in clone.modules()
-        if isinstance(owner, (TriangleMultiplicationOutgoing, TriangleMultiplicationIncoming))
-        for module in owner.modules()
-    }
-    for module in clone.modules():
-        if type(module) is nn.LayerNorm and id(module) not in shared:
-            module.__class__ = ComputeDtypeLayerNorm
-    _cast_linears(clone, dtype, shared | fp32_weights)
-    return clone.eval()
-
-
-class GraphedPairformer(nn.Module):
-    """A pairformer stack (the trunk's, one call per recycle; optionally the confidence module's),
-    replayed from a CUDA graph per shape.
-
-    The first call of a shape runs eagerly (cuEquivariance/Triton autotune there, never inside a
-    capture), then GraphedCall captures; every input is per call. Outputs are cloned out of the
-    graph's static buffers, which the next replay overwrites.
-    """
-
-    def __init__(self, stack: PairformerModule, max_tokens: int, capacity: int) -> None:
-        super().__init__()
-        self.stack = stack
-        self.max_tokens = max_tokens
-        self.graphs = GraphedCall(self.stack, per_call=(True, True, True, True), capacity=capacity)
-
-    def forward(
-        self, s: Tensor, z: Tensor, mask: Tensor, pair_mask: Tensor, in_place: bool = False
-    ) -> tuple[Tensor, Tensor]:
-        """in_place as PairformerModule's (replays always work on the graph's own copies)."""
-        if not z.is_cuda or z.shape[1] > self.max_tokens:
-            return self.stack(s, z, mask, pair_mask, in_place)
-        s, z = self.graphs(s, z, mask, pair_mask)
-        return s.clone(), z.clone()
 
 
 class _StageClock:
@@ -268,40 +160,11 @@ class FastBoltz2:
         self.model = model.eval()
         self.options = options or FastPathOptions()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        moved = self.device != next(model.parameters()).device
-        # The score model: a low-precision copy, or in fp32 the model's own (copied when it moves).
-        score_model = model.structure_module.score_model
-        if self.options.score_dtype != torch.float32:
-            score_model = low_precision_score_model(score_model, self.options.score_dtype)
-        elif moved:
-            score_model = copy.deepcopy(score_model)
-        self.score_model = score_model.to(self.device)
-        # The network the stages run from: the model itself in fp32, else its low-precision copy
-        # holding the runner's score model (never a second copy of its weights).
-        dtype = self.options.dtype
-        if dtype != torch.float32:
-            self.network = low_precision_network(model, dtype, self.score_model).to(self.device)
-        elif moved:
-            self.network = copy.deepcopy(model, memo={id(model.structure_module.score_model): self.score_model})
-            self.network.to(self.device)
-        else:
-            self.network = model
-        if self.options.cuda_graphs and self.network is not model:  # never modify the caller's model
-            self.network.pairformer_module = GraphedPairformer(
-                self.network.pairformer_module, self.options.max_trunk_graph_tokens, self.options.graph_capacity
-            )
-            if self.options.max_confidence_graph_tokens > 0:
-                confidence = self.network.confidence_module
-                confidence.pairformer_stack = GraphedPairformer(
-                    confidence.pairformer_stack, self.options.max_confidence_graph_tokens, self.options.graph_capacity
-                )
-        # With kernels on, sampling runs foldmill.model.fast_sampler's device-only steps over the
-        # restructured score model (foldmill.model.fast_score), a whole step per graph replay; off,
-        # the reference sampler with the score-model call replayed from a graph. The restructured
-        # model's fused projections take over the weights' storage when the score model is the
-        # runner's own copy.
-        owns_score_model = self.score_model is not model.structure_module.score_model
-        self.fast_score = FastScoreModel(self.score_model, owns_score_model) if self.options.kernels else None
+        networks = prepare(model, self.options.prepare_options, self.device)
+        self.network, self.score_model, self.fast_score = networks.network, networks.score_model, networks.fast_score
+        # With kernels on, sampling runs foldmill.fastpath.sampler's device-only steps over the fused
+        # score model, a whole step per graph replay; off, the reference sampler with the score-model call
+        # replayed from a graph.
         self.sampler: FastSampler | None = None
         if self.fast_score is not None:
             self.sampler = FastSampler(self.network.structure_module, self.fast_score, self._run_fast_score)
@@ -349,30 +212,6 @@ class FastBoltz2:
         with self._autocast(r_noisy.device, self.options.score_dtype, cache=False):
             return self.fast_score(r_noisy, times, plan)
 
-    def _denoise(
-        self,
-        noisy: Tensor,
-        sigma: float,
-        embedded_trunk: Tensor,
-        feats: dict[str, Tensor],
-        conditioning: DiffusionConditioningOutput,
-        multiplicity: int,
-    ) -> Tensor:
-        """AtomDiffusion.denoise with the score model replayed from a CUDA graph where possible."""
-        diffusion = self.network.structure_module
-        sigma_rows = torch.full((noisy.shape[0],), sigma, device=noisy.device)
-        padded_sigma = sigma_rows[:, None, None]
-        score = self.graphs if self._graphed(feats) else self._run_score_model
-        update = score(
-            diffusion.c_in(padded_sigma) * noisy,
-            diffusion.c_noise(sigma_rows),
-            embedded_trunk,
-            feats,
-            conditioning,
-            multiplicity,
-        )
-        return diffusion.c_skip(padded_sigma) * noisy + diffusion.c_out(padded_sigma) * update
-
     def _graphed(self, feats: dict[str, Tensor]) -> bool:
         """Whether sampling replays CUDA graphs for these (padded) features."""
         token_mask = feats["token_pad_mask"]
@@ -386,11 +225,12 @@ class FastBoltz2:
         recipe: InferenceRecipe,
     ) -> Tensor:
         """The recipe's diffusion samples (B * samples, atoms, 3): Boltz2.sample_structure's, from the same
-        generator draws; the conditioning is the sampler's from here on (see foldmill.model.fast_score)."""
+        generator draws; the conditioning is the sampler's from here on (see foldmill.fastpath.score)."""
         try:
             if self.sampler is None:
-                with self._fast_denoiser():
-                    return self.network.sample_structure(trunk, feats, conditioning, recipe)
+                # the score model replayed from a CUDA graph where possible
+                score = self.graphs if self._graphed(feats) else self._run_score_model
+                return self.network.sample_structure(trunk, feats, conditioning, recipe, score)
             generator = sampling_generator(recipe.seed, trunk.s.device)
             step = self.graphs if self._graphed(feats) else None
             s_trunk, s_inputs = trunk.s.float(), trunk.s_inputs.float()
@@ -400,16 +240,6 @@ class FastBoltz2:
             # live elsewhere), and kept it would hold them (the token bias alone is 0.75 GiB at 1,000
             # tokens) and its memory pool through confidence and every later target.
             self.graphs.clear()
-
-    @contextlib.contextmanager
-    def _fast_denoiser(self) -> Iterator[None]:
-        """AtomDiffusion has no denoiser hook: its `denoise` is shadowed on the instance for one sampling run."""
-        diffusion = self.network.structure_module
-        diffusion.denoise = self._denoise  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            del diffusion.denoise
 
     @torch.no_grad()
     def predict(self, features: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ so that a step needs nothing from the host:
   same numbers;
 - the rigid alignment finds its rotation by quaternion_rotation (no SVD, no synchronisation; the
   same rotation to ~1e-13 in float64);
-- the score model is foldmill.model.fast_score's, over the run's plans.
+- the score model is foldmill.fastpath.score's, over the run's plans.
 
 `FastSampler.step(coords, step, run)` is then a pure function of device tensors, which FastBoltz2
 replays from one CUDA graph per shape for every step (where graphs apply; eagerly elsewhere).
@@ -27,11 +27,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from foldmill.fastpath.score import FastScoreModel, ScorePlan
 from foldmill.model.config import InferenceRecipe
-from foldmill.model.diffusion import AtomDiffusion, quaternion_rotation, rotations_from_quaternions, sample_chunks
-from foldmill.model.diffusion import weighted_rigid_align
+from foldmill.model.diffusion import (
+    AtomDiffusion,
+    quaternion_rotation,
+    rotations_from_quaternions,
+    sample_chunks,
+    weighted_rigid_align,
+)
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
-from foldmill.model.fast_score import FastScoreModel, ScorePlan
 
 RANDOM_BLOCK_STEPS = 50  # random numbers held at once: (50, samples, atoms, 3) fp32 of noise
 
