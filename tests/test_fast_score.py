@@ -180,18 +180,20 @@ def check_kernel_outputs(cases: list[dict], outputs: dict) -> None:
 
 
 def run_kernels(cases: list[dict], device: str) -> dict:
-    from foldmill.kernels import triton_modulation_kernel as kernel
+    from foldmill.kernels.adaptive_layer_norm import triton_kernel as kernel
+    from foldmill.kernels.swiglu_product import triton_kernel as swiglu_kernel
+    from foldmill.kernels.token_mean import triton_kernel as token_mean_kernel
 
     outputs = {}
     for case in cases:
         on = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in case.items()}
         if case["name"] == "token_mean":
-            outputs["token_mean"] = kernel.token_mean(on["x"], on["starts"], on["inverse"], on["samples"], on["most"])
+            outputs["token_mean"] = token_mean_kernel.token_mean(on["x"], on["starts"], on["inverse"], on["samples"], on["most"])
         else:
             outputs[case["name"] + "/adaln"] = kernel.adaptive_layer_norm(
                 on["a"], on["scale"], on["shift"], on["samples"], 1e-5
             )
-            outputs[case["name"] + "/swiglu"] = kernel.swiglu_product(on["h"])
+            outputs[case["name"] + "/swiglu"] = swiglu_kernel.swiglu_product(on["h"])
             a = on["a"].clone()
             outputs[case["name"] + "/residual_adaln"] = kernel.adaptive_layer_norm(
                 a, on["scale"], on["shift"], on["samples"], 1e-5, gate=on["gate"], update=on["update"]

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from foldmill import kernels
-from foldmill.kernels import crossover, cueq, registry, sdpa
+from foldmill.kernels import crossover, cueq, registry
+from foldmill.kernels.attention_pair_bias import sdpa as pair_bias_sdpa
+from foldmill.kernels.triangle_attention import sdpa
 from foldmill.kernels.registry import REFERENCE, Backend, KernelPolicy, OpSpec
 from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
 from foldmill.model.layers.triangle_attention import TriangleAttentionStartingNode, triangle_attention_core
@@ -103,7 +105,7 @@ def test_sdpa_pair_bias_attention_matches_reference_fp32():
     bias = torch.randn(3, 4, 10, 10, generator=generator)
     mask = (torch.rand(3, 10, generator=generator) > 0.2).float()
     expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
-    assert relative_error(sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
+    assert relative_error(pair_bias_sdpa.attention_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
 
 
 def test_pair_bias_attention_triton_backend_defers_where_the_kernel_does_not_apply():
@@ -115,12 +117,12 @@ def test_pair_bias_attention_triton_backend_defers_where_the_kernel_does_not_app
     mask = (torch.rand(2, 9, generator=generator) > 0.2).float()
     q.requires_grad_()
     out = kernels.call_backend("attention_pair_bias", "triton", q, k, v, bias, mask, 1e6)
-    assert torch.equal(out, sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6))
+    assert torch.equal(out, pair_bias_sdpa.attention_pair_bias(q, k, v, bias, mask, 1e6))
     out.sum().backward()
     assert q.grad is not None
     wide = [torch.randn(1, 5, 2, 96, generator=generator) for _ in range(3)]
     out = kernels.call_backend("attention_pair_bias", "triton", *wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
-    assert torch.equal(out, sdpa.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
+    assert torch.equal(out, pair_bias_sdpa.attention_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
 
 
 def test_modules_route_through_the_registry():
@@ -147,10 +149,10 @@ def test_load_backends_imports_only_the_backends_the_registry_picks_first(monkey
         return Backend(name, lambda x: x, frozenset({"cuda"}), dtypes, lambda: checked.append(name) is None and available)
 
     backends = (backend("gone", False), backend("first", True), backend("second", True))
-    registry.register_op("probe_op", OpSpec(tokens=lambda x: x.shape[0], backends=backends))
-    monkeypatch.setattr(registry, "_arch", lambda device: "sm_test")  # no measured table: the default order
     # The fp16 order is not the runner's (fp32 here): it must not be consulted.
-    monkeypatch.setitem(registry.DEFAULT_ORDERS, "probe_op", {"float32": ["gone", "first", "second"], "float16": ["second"]})
+    order = {"float32": ["gone", "first", "second"], "float16": ["second"]}
+    registry.register_op("probe_op", OpSpec(tokens=lambda x: x.shape[0], backends=backends, default_order=order))
+    monkeypatch.setattr(registry, "_arch", lambda device: "sm_test")  # no measured table: the default order
     try:
         loaded = kernels.load_backends("cuda", [torch.float32])
         on_cpu = kernels.load_backends("cpu", [torch.float32])

@@ -11,6 +11,7 @@ import torch
 from kernel_testing import relative_error
 
 from foldmill import kernels
+from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights
 from foldmill.fastpath.cuda_graphs import GraphedCall
 from foldmill.kernels import cueq, triton_support
 from foldmill.model.layers import triangle_attention
@@ -185,14 +186,14 @@ def test_triangle_multiplication_by_rows_bf16(direction):
     x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(4))
     mask1d = token_mask(n, n - 3, n)
     pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
-    weights = [
+    weights = TriangleMultiplicationWeights(
         module.norm_in.weight, module.norm_in.bias, module.p_in.weight, module.g_in.weight,
         module.norm_out.weight, module.norm_out.bias, module.p_out.weight, module.g_out.weight,
-    ]
+    )  # fmt: skip
     with torch.no_grad():
-        expected = triangle_multiplicative_update(x, direction, pair_mask, *weights)[:, : n - 3, : n - 3]
+        expected = triangle_multiplicative_update(x, direction, pair_mask, weights)[:, : n - 3, : n - 3]
         with torch.autocast("cuda", torch.bfloat16):
-            out = triangle_multiplicative_update_by_rows(x, direction, pair_mask, *weights, rows=24)
+            out = triangle_multiplicative_update_by_rows(x, direction, pair_mask, weights, rows=24)
     assert out.dtype == torch.bfloat16
     assert relative_error(out[:, : n - 3, : n - 3].float(), expected) <= BF16_TOL
 
@@ -261,7 +262,7 @@ def test_triton_transition_under_autocast(dim, input_dtype):
 def test_triton_transition_every_block_config(dtype):
     """Each autotuning candidate compiles, fits and is right (weights stored in `dtype`, no autocast)."""
     _needs_triton()
-    from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, fused_transition
+    from foldmill.kernels.transition.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, fused_transition
 
     for dim, configs in ((128, NARROW_CONFIGS), (384, WIDE_CONFIGS)):
         module = _transition_module(dim, seed=dim + 2)

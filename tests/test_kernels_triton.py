@@ -17,7 +17,8 @@ from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error,
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.kernels import triton_support, triton_transition
+from foldmill.kernels import triton_support
+from foldmill.kernels.transition import triton as triton_transition
 from foldmill.model.layers.transition import Transition, transition
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -145,7 +146,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     and fit in shared memory, else it could never launch on an H100/H200."""
     import triton
 
-    from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _transition_kernel
+    from foldmill.kernels.transition.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _transition_kernel
 
     pointers = {"x_ptr": "*fp32", "out_ptr": "*bf16", "norm_weight_ptr": "*fp32", "norm_bias_ptr": "*fp32"}
     pointers |= {"fc1_ptr": "*bf16", "fc2_ptr": "*bf16", "fc3_ptr": "*bf16"}
@@ -162,7 +163,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    from foldmill.kernels.triton_transition_kernel import candidates, fused_transition
+    from foldmill.kernels.transition.triton_kernel import candidates, fused_transition
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):

@@ -1,4 +1,4 @@
-"""The Triton flash triangle-attention backend (foldmill.kernels.triton_triangle_attention).
+"""The Triton flash triangle-attention backend (foldmill.kernels.triangle_attention.triton).
 
 - Where the kernel does not apply (autograd recording, head dims other than 16/32/64) the backend
   runs the reference: always tested, triton or not.
@@ -30,7 +30,8 @@ from kernel_testing import (
 )
 
 from foldmill import kernels
-from foldmill.kernels import triton_support, triton_triangle_attention
+from foldmill.kernels import triton_support
+from foldmill.kernels.triangle_attention import triton as triton_triangle_attention
 from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -162,7 +163,7 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
 def test_masks_fold_the_key_mask_that_rows_share():
     """A token mask's pair mask: every valid row conforms (the folded path), padding rows do not, and
     the shared key bias masks exactly the padding keys; per-row random masks: no row conforms."""
-    from foldmill.kernels.triton_triangle_attention_kernel import MASK_LOGIT, _row_masks, _shared_key_bias
+    from foldmill.kernels.triangle_attention.triton_kernel import MASK_LOGIT, _row_masks, _shared_key_bias
 
     *_, mask = model_inputs(2, 6, 40, 16, seed=3, row_offset=1, token_mask=True)
     shared = _shared_key_bias(mask, 2, 6, 40, torch.bfloat16)
@@ -182,7 +183,7 @@ def test_row_blocks_of_one_bias_share_its_folded_copy():
     """With `prepared`, the bias is folded once, at the first block, and later blocks on the same bias
     reuse that copy; another bias is folded again (`prepared` lives for one module call: its bias is not
     written in between)."""
-    from foldmill.kernels.triton_triangle_attention_kernel import _prepared_bias
+    from foldmill.kernels.triangle_attention.triton_kernel import _prepared_bias
 
     *_, bias, mask = model_inputs(1, 6, 40, 16, seed=4, row_offset=1, token_mask=True)
     prepared: dict = {}
@@ -232,7 +233,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as at run time for the model's
     layout (16-divisible pointers and strides, 8-aligned key counts): each autotuning candidate must
     build and fit in shared memory, else it could never launch on an H100/H200."""
-    from foldmill.kernels.triton_triangle_attention_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
+    from foldmill.kernels.triangle_attention.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
 
     names = _attention_kernel.arg_names
     pointers = {name: "*bf16" for name in names if name.endswith("_ptr")}
@@ -255,7 +256,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
     patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_triangle_attention_kernel import BlockConfig, flash_triangle_attention
+    from foldmill.kernels.triangle_attention.triton_kernel import BlockConfig, flash_triangle_attention
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):
@@ -330,7 +331,7 @@ def test_flash_kernel_every_block_config_on_gpu(head_dim, dtype):
     """Each autotuning candidate (and the autotuned launch) is right, for every supported head dim and
     half dtype (fp16: masked keys get fp16's lowest value, the fully masked row stays finite)."""
     _needs_triton()
-    from foldmill.kernels.triton_triangle_attention_kernel import candidates, flash_triangle_attention
+    from foldmill.kernels.triangle_attention.triton_kernel import candidates, flash_triangle_attention
 
     q, k, v, bias, mask = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda")
     expected = triangle_attention_core(q, k, v, bias, mask, head_dim**-0.5)

@@ -21,7 +21,7 @@ from kernel_testing import (
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.kernels import triton_layer_norm
+from foldmill.kernels.layer_norm import triton as triton_layer_norm
 from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 
 
@@ -168,7 +168,7 @@ def test_norm_with_heads_matches_the_fp32_reference_under_the_triton_interpreter
 def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as the trunk calls it (bf16 out,
     16-divisible pointers and strides): it must build, without spilling registers."""
-    from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
+    from foldmill.kernels.layer_norm.triton_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
 
     names = _layer_norm_heads_kernel.arg_names
     pointers = {name: "*fp32" for name in names if name.endswith("_ptr")} | {"head_weight_ptr": "*bf16"}
@@ -185,7 +185,7 @@ def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
 
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm, fused_layer_norm_heads
+    from foldmill.kernels.layer_norm.triton_kernel import fused_layer_norm, fused_layer_norm_heads
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):

@@ -1,4 +1,4 @@
-"""The "outer_product_mean" op (foldmill.kernels.triton_outer_product).
+"""The "outer_product_mean" op (foldmill.kernels.outer_product_mean.triton).
 
 - CPU routing to the reference, the reference against the mean written out, the exact row counts,
   and the backend's fallback where the kernel does not apply: always tested, triton or not.
@@ -28,7 +28,7 @@ from kernel_testing import (
 )
 
 from foldmill import kernels
-from foldmill.kernels import triton_outer_product
+from foldmill.kernels.outer_product_mean import triton as triton_outer_product
 from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
 
 
@@ -129,7 +129,7 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from foldmill.kernels.triton_outer_product_kernel import CONFIGS, _outer_product_kernel, config_for
+    from foldmill.kernels.outer_product_mean.triton_kernel import CONFIGS, _outer_product_kernel, config_for
 
     signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
     signature |= dict.fromkeys(("msa_rows", "tokens", "row_start", "rows"), "i32")
@@ -155,7 +155,7 @@ def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
     patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_outer_product_kernel import CONFIGS, outer_product_sum
+    from foldmill.kernels.outer_product_mean.triton_kernel import CONFIGS, outer_product_sum
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):

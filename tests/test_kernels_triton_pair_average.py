@@ -1,4 +1,4 @@
-"""The "pair_weighted_average" op (foldmill.kernels.triton_pair_average).
+"""The "pair_weighted_average" op (foldmill.kernels.pair_weighted_average.triton).
 
 - CPU routing to the reference, the reference against the average written out, the module through
   the op, and the backend's fallback where the kernel does not apply: always tested.
@@ -28,7 +28,7 @@ from kernel_testing import (
 )
 
 from foldmill import kernels
-from foldmill.kernels import triton_pair_average
+from foldmill.kernels.pair_weighted_average import triton as triton_pair_average
 from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
 
 
@@ -111,7 +111,7 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from foldmill.kernels.triton_pair_average_kernel import CONFIGS, _pair_average_kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import CONFIGS, _pair_average_kernel
 
     signature = {"weights_ptr": "*bf16", "values_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": "*bf16"}
     signature |= {"msa_rows": "i32", "tokens": "i32"}
@@ -138,8 +138,8 @@ def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows, heads):
 def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
     patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_pair_average_kernel import CONFIGS
-    from foldmill.kernels.triton_pair_average_kernel import gated_pair_average as kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import CONFIGS
+    from foldmill.kernels.pair_weighted_average.triton_kernel import gated_pair_average as kernel
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):

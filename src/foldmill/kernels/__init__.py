@@ -6,11 +6,9 @@
     with kernels.kernel_policy(enabled=False): ...          # the plain PyTorch reference everywhere
     with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...
 
-Backends: cuEquivariance (foldmill.kernels.cueq), PyTorch SDPA (foldmill.kernels.sdpa), foldmill's
-own Triton kernels (foldmill.kernels.triton_transition: the fused LayerNorm + SwiGLU transition;
-foldmill.kernels.triton_layer_norm: the pair LayerNorm to the compute dtype) and
-the reference; the choice per GPU architecture, dtype and size comes from a measured crossover
-table (crossover_sm90.json; `foldmill bench kernels` re-measures it).
+Each op has a folder here with its registration, backends and Triton kernels; foldmill.kernels.ops is
+the index. The choice per GPU architecture, dtype and size comes from a measured crossover table
+(crossover_sm90.json; `foldmill bench kernels` re-measures it).
 """
 
 from foldmill.kernels import ops  # noqa: F401 - registers the ops and their backends

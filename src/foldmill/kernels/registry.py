@@ -10,8 +10,8 @@ backend does not take these arguments:
 - CPU (or kernels disabled by `kernel_policy(enabled=False)`): the reference, always;
 - CUDA: the backend order of the crossover table measured for that GPU architecture
   (`crossover_sm90.json`, see foldmill.kernels.crossover) at the nearest measured size; the
-  first available backend in that order runs. Without a table for the architecture, a
-  conservative default order is used (DEFAULT_ORDERS).
+  first available backend in that order runs. Without a table for the architecture, the op's
+  default order (`OpSpec.default_order`, set in the op's folder) is used.
 
 A backend that turns out to be unusable at run time (its ops library missing, "Not
 Supported") is retired for the process with one warning and the next one runs; any other
@@ -35,6 +35,15 @@ from torch import Tensor
 from foldmill.kernels import crossover
 
 REFERENCE = "reference"
+CUDA = frozenset({"cuda"})
+CPU_AND_CUDA = frozenset({"cpu", "cuda"})
+HALF = frozenset({torch.bfloat16, torch.float16})
+FLOAT = frozenset({torch.bfloat16, torch.float16, torch.float32})
+
+
+def second_to_last_axis(x: Tensor, *args: object, **kwargs: object) -> int:
+    """Tokens of an op on (..., N, C) rows: the pair track (B, N, N, C), the single track (B, N, C)."""
+    return x.shape[-2] if x.dim() >= 2 else 1
 
 
 @dataclass(frozen=True)
@@ -51,10 +60,17 @@ class Backend:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """How to read the token count off an op's arguments, and its non-reference backends."""
+    """How to read the token count off an op's arguments, its non-reference backends, and the backend
+    order per compute dtype name where no measured table covers the GPU (the reference ends every order)."""
 
     tokens: Callable[..., int]
     backends: tuple[Backend, ...] = ()
+    default_order: Mapping[str, list[str]] = field(default_factory=dict)
+
+
+def half_precision_order(*names: str) -> dict[str, list[str]]:
+    """A default order running `names` in bf16 and fp16, the reference in fp32."""
+    return {"bfloat16": [*names, REFERENCE], "float16": [*names, REFERENCE], "float32": [REFERENCE]}
 
 
 @dataclass(frozen=True)
@@ -70,54 +86,6 @@ _references: dict[str, Callable[..., Any]] = {}
 _retired: dict[tuple[str, str], str] = {}  # (op, backend) -> why it was retired
 _choices: dict[tuple, str] = {}  # select()'s choices, cleared whenever a backend is retired
 _counts: Counter[tuple[str, str]] = Counter()
-
-# Backend order per op and compute dtype when no measured table exists for the GPU.
-# Conservative: cuEquivariance's triangle attention wins at every measured size on sm_90,
-# its triangle multiplication only from ~512 tokens, so it is left out by default.
-DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
-    "triangle_multiplication": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
-    "triangle_attention": {
-        "bfloat16": ["cueq", "sdpa", REFERENCE],
-        "float16": ["cueq", "sdpa", REFERENCE],
-        "float32": ["sdpa", REFERENCE],
-    },
-    # The fused backend defers to the "triangle_attention" op's choice (the measured table's), so it
-    # runs exactly where the flash kernel would.
-    "gated_triangle_attention": {
-        "bfloat16": ["triton", REFERENCE],
-        "float16": ["triton", REFERENCE],
-        "float32": [REFERENCE],
-    },
-    "attention_pair_bias": {
-        "bfloat16": ["sdpa", REFERENCE],
-        "float16": ["sdpa", REFERENCE],
-        "float32": ["sdpa", REFERENCE],
-    },
-    # The fused kernel never materialises the 4x-wide hidden layer, so it wins at every size.
-    "transition": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # PyTorch's layer norm runs a thread block per 128-wide row: 7.1x slower than the Triton kernel on the
-    # H200 at 1,024 tokens (1.76 vs 0.25 ms).
-    "layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The same norm with the attention's bias projection: the pair read once instead of the norm written,
-    # read back and the projection permuted heads first.
-    "layer_norm_heads": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # One kernel in place of a chain of 3-5 PyTorch kernels and their extra passes (fast_score).
-    "adaptive_layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    "residual_adaptive_layer_norm": {
-        "bfloat16": ["triton", REFERENCE],
-        "float16": ["triton", REFERENCE],
-        "float32": [REFERENCE],
-    },
-    "swiglu_product": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    "token_mean": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The product writes the projection's layout: no permuting copy, division or casts of the 1,024-wide
-    # outer product (3.1x on the H200 at 2,472 tokens; foldmill.kernels.triton_outer_product).
-    "outer_product_mean": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The fused average wins only on smaller inputs (the H200's table: up to ~1,200 tokens), so without a
-    # measured table the reference runs.
-    "pair_weighted_average": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
-}
-
 
 def register_op(name: str, spec: OpSpec) -> None:
     _ops[name] = spec
@@ -222,7 +190,7 @@ def candidate_order(
         dtype_name = str(dtype).removeprefix("torch.")
         order = crossover.order(arch, op, dtype_name, num_tokens) if arch else None
         if order is None:
-            order = DEFAULT_ORDERS.get(op, {}).get(dtype_name, [])
+            order = _ops[op].default_order.get(dtype_name, [])
     return list(order) if REFERENCE in order else [*order, REFERENCE]
 
 

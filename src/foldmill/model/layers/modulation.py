@@ -6,7 +6,7 @@ product. foldmill.fastpath.score computes the s terms once per step (or once per
 for the atom transformers) and applies them here; both functions broadcast those terms over the
 `samples` diffusion samples stacked record-major in the rows of `a`/`h`, so the terms are never
 repeated per sample. Each is called through the kernel registry (a fused Triton kernel on CUDA,
-foldmill.kernels.triton_modulation).
+foldmill.kernels.adaptive_layer_norm.triton).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ track (z) and the MSA track (m). Parameters: norm, fc1, fc2, fc3 (bias-free line
 named as in the Boltz-2 checkpoint.
 
 The whole op is the plain function `transition`, called through the kernel registry
-(foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.triton_transition):
+(foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.transition.triton):
 on the pair track the reference materialises two (N*N, 4*128) hidden tensors per block.
 """
 

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
 from foldmill.kernels.token_rows import rows_per_block
-from foldmill.kernels.triton_triangle_multiplication import with_residual
+from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights, with_residual
 from foldmill.model.layers.layer_norm import LayerNorm
 
 Direction = Literal["outgoing", "incoming"]
@@ -40,26 +40,18 @@ def triangle_multiplicative_update(
     x: Tensor,
     direction: Direction,
     mask: Tensor,
-    norm_in_weight: Tensor,
-    norm_in_bias: Tensor,
-    p_in_weight: Tensor,
-    g_in_weight: Tensor,
-    norm_out_weight: Tensor,
-    norm_out_bias: Tensor,
-    p_out_weight: Tensor,
-    g_out_weight: Tensor,
-    eps: float = 1e-5,
+    weights: TriangleMultiplicationWeights,
     residual_out: Tensor | None = None,
 ) -> Tensor:
     """Reference fp32 triangle multiplication: gated projections, masked edge product, gated output
     (with `residual_out`, added to x: see `with_residual`)."""
-    dim = x.shape[-1]
-    normed = F.layer_norm(x, (dim,), norm_in_weight, norm_in_bias, eps)
-    edges = F.linear(normed, p_in_weight) * F.linear(normed, g_in_weight).sigmoid()
+    dim, w, eps = x.shape[-1], weights, weights.eps
+    normed = F.layer_norm(x, (dim,), w.norm_in_weight, w.norm_in_bias, eps)
+    edges = F.linear(normed, w.p_in_weight) * F.linear(normed, w.g_in_weight).sigmoid()
     edges = edges * mask.unsqueeze(-1)
     a, b = torch.chunk(edges.float(), 2, dim=-1)
-    product = F.layer_norm(triangle_product(a, b, direction), (dim,), norm_out_weight, norm_out_bias, eps)
-    update = F.linear(product, p_out_weight) * F.linear(normed, g_out_weight).sigmoid()
+    product = F.layer_norm(triangle_product(a, b, direction), (dim,), w.norm_out_weight, w.norm_out_bias, eps)
+    update = F.linear(product, w.p_out_weight) * F.linear(normed, w.g_out_weight).sigmoid()
     return with_residual(x, update, residual_out)
 
 
@@ -79,15 +71,7 @@ def triangle_multiplicative_update_by_rows(
     x: Tensor,
     direction: Direction,
     mask: Tensor,
-    norm_in_weight: Tensor,
-    norm_in_bias: Tensor,
-    p_in_weight: Tensor,
-    g_in_weight: Tensor,
-    norm_out_weight: Tensor,
-    norm_out_bias: Tensor,
-    p_out_weight: Tensor,
-    g_out_weight: Tensor,
-    eps: float = 1e-5,
+    weights: TriangleMultiplicationWeights,
     rows: int | None = None,
 ) -> Tensor:
     """`triangle_multiplicative_update` by blocks of `rows` token rows (default: ROW_BLOCK_PAIRS pairs).
@@ -101,19 +85,20 @@ def triangle_multiplicative_update_by_rows(
     blocks. Same values as the reference up to summation order.
     """
     batch, tokens, _, dim = x.shape
+    w, eps = weights, weights.eps
     rows = rows or rows_per_block(tokens, ROW_BLOCK_PAIRS)
     dtype = compute_dtype(x)
     # a_rows[b, d, i, k] is the left operand's (i, k) entry: a[i, k] (outgoing) or a[k, i] (incoming);
     # b_t[b, d, p, q] = b[p, q]. Then out[:, :, i] = a_rows[:, :, i] @ (b_t^T outgoing, b_t incoming).
     a_rows = x.new_empty((batch, dim, tokens, tokens), dtype=dtype)
     b_t = torch.empty_like(a_rows)
-    in_weight = torch.cat([p_in_weight, g_in_weight])
+    in_weight = torch.cat([w.p_in_weight, w.g_in_weight])
 
     def layer_norm(y: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         return kernels.dispatch("layer_norm", y, weight, bias, eps)
 
     def normed_rows(block: slice) -> Tensor:
-        return layer_norm(x[:, block], norm_in_weight, norm_in_bias)
+        return layer_norm(x[:, block], w.norm_in_weight, w.norm_in_bias)
 
     for start in range(0, tokens, rows):
         block = slice(start, start + rows)
@@ -130,9 +115,9 @@ def triangle_multiplicative_update_by_rows(
     for start in range(0, tokens, rows):
         block = slice(start, start + rows)
         product = torch.matmul(a_rows[:, :, block], right)  # (B, D, rows, N)
-        normed = layer_norm(product.permute(0, 2, 3, 1), norm_out_weight, norm_out_bias)
-        gate = F.linear(normed_rows(block), g_out_weight).sigmoid()
-        out[:, block] = F.linear(normed, p_out_weight) * gate
+        normed = layer_norm(product.permute(0, 2, 3, 1), w.norm_out_weight, w.norm_out_bias)
+        gate = F.linear(normed_rows(block), w.g_out_weight).sigmoid()
+        out[:, block] = F.linear(normed, w.p_out_weight) * gate
     return out
 
 
@@ -151,7 +136,7 @@ class _TriangleMultiplication(nn.Module):
     def forward(self, x: Tensor, mask: Tensor, residual_out: Tensor | None = None) -> Tensor:
         """x: (B, N, N, D), mask: (B, N, N) -> the update (B, N, N, D); with `residual_out` (x itself, or a
         tensor like x), x + update written into it (a fused backend saves the add's pass over x)."""
-        weights = (
+        weights = TriangleMultiplicationWeights(
             self.norm_in.weight,
             self.norm_in.bias,
             self.p_in.weight,
@@ -160,14 +145,12 @@ class _TriangleMultiplication(nn.Module):
             self.norm_out.bias,
             self.p_out.weight,
             self.g_out.weight,
+            self.norm_in.eps,
         )
         if x.shape[1] > ROW_BLOCKED_TOKENS:
-            update = triangle_multiplicative_update_by_rows(x, self.direction, mask, *weights, eps=self.norm_in.eps)
+            update = triangle_multiplicative_update_by_rows(x, self.direction, mask, weights)
             return with_residual(x, update, residual_out)
-        return kernels.dispatch(
-            "triangle_multiplication", x, self.direction, mask, *weights,
-            eps=self.norm_in.eps, residual_out=residual_out,
-        )
+        return kernels.dispatch("triangle_multiplication", x, self.direction, mask, weights, residual_out=residual_out)
 
 
 class TriangleMultiplicationOutgoing(_TriangleMultiplication):

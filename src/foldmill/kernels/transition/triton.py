@@ -3,7 +3,7 @@
 Why: the reference writes LN(x), two (rows, hidden) projections, their gated product and the
 output through HBM; on the pair track at N tokens that is N*N rows with hidden = 4*128, which
 at 6,000 tokens is 73 GB for one hidden tensor alone. The kernel keeps each row block's hidden
-activations on chip (foldmill.kernels.triton_transition_kernel), reading x once and writing the
+activations on chip (foldmill.kernels.transition.triton_kernel), reading x once and writing the
 output once, so memory stays at input + output and time at the matrix products.
 
 Same arguments and result as foldmill.model.layers.transition.transition: the output is in the
@@ -30,7 +30,7 @@ def supported(dim: int, out_dim: int) -> bool:
     return min(dim, out_dim) >= MIN_WIDTH and max(padded_width(dim), padded_width(out_dim)) <= MAX_BLOCK_WIDTH
 
 
-def supports_transition(
+def supports(
     x: Tensor,
     norm_weight: Tensor,
     norm_bias: Tensor,
@@ -54,7 +54,7 @@ def transition(
     eps: float = 1e-5,
     chunk_size: int | None = None,
 ) -> Tensor:
-    """The registry backend (where `supports_transition`)."""
-    from foldmill.kernels.triton_transition_kernel import fused_transition
+    """The registry backend (where `supports`)."""
+    from foldmill.kernels.transition.triton_kernel import fused_transition
 
     return fused_transition(x, norm_weight, norm_bias, fc1_weight, fc2_weight, fc3_weight, eps, compute_dtype(x))

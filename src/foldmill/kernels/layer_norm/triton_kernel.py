@@ -1,4 +1,4 @@
-"""The Triton kernels behind foldmill.kernels.triton_layer_norm (imports triton: load them lazily).
+"""The Triton kernels behind foldmill.kernels.layer_norm.triton (imports triton: load them lazily).
 
 Rows are addressed as (outer, inner) pairs with one stride each, so a contiguous tensor and the
 transposed pair view (B=1, N, N, C).transpose(1, 2) are both read in place. One program
@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foldmill.kernels.layer_norm.triton import HEAD_BLOCK, row_layout
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
-from foldmill.kernels.triton_layer_norm import HEAD_BLOCK, row_layout
 from foldmill.kernels.triton_support import dot_flags, padded_width
 
 ELEMENTS_PER_PROGRAM = 4096  # rows per program = this / padded width: 32 pair rows of 128

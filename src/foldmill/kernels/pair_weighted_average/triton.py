@@ -1,5 +1,5 @@
 """Pair-weighted-averaging backend (Triton): the weighted average of the MSA values and its gate in one
-kernel (foldmill.kernels.triton_pair_average_kernel), reading the values and the gate in place.
+kernel (foldmill.kernels.pair_weighted_average.triton_kernel), reading the values and the gate in place.
 
 Why: the reference (foldmill.model.layers.pair_weighted_averaging.gated_pair_average) is an einsum
 that copies the (B, S, N, H * D) values into a (head, token, row) layout and its result back, then
@@ -28,8 +28,8 @@ def supports(weights: Tensor, values: Tensor, gate: Tensor) -> bool:
     return not records_autograd(weights, values, gate) and head_width in KERNEL_HEAD_WIDTHS
 
 
-def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
+def pair_weighted_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
     """The registry backend (where `supports`)."""
-    from foldmill.kernels.triton_pair_average_kernel import gated_pair_average as kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import gated_pair_average as kernel
 
     return kernel(weights, values, gate, compute_dtype(values))

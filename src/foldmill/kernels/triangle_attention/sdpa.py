@@ -1,6 +1,6 @@
-"""PyTorch scaled_dot_product_attention backends (flash / memory-efficient / cuDNN kernels, picked by PyTorch).
+"""The "triangle_attention" backend on PyTorch's scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels, picked by PyTorch).
 
-Same arguments and results as the references in foldmill.model.layers. The additive bias and
+Same arguments and result as the reference (foldmill.model.layers.triangle_attention). The additive bias and
 the key mask are folded into one float attention mask in the query's dtype (SDPA requires it),
 so in bf16 the bias is rounded to bf16, as under autocast in the reference.
 """
@@ -27,12 +27,3 @@ def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tens
         scale=scale,
     )
     return out.view(batch, rows, heads, -1, dim)
-
-
-def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
-    """q: (B, S, H, D); k, v: (B, K, H, D); bias: (B, H, S, K); mask: (B, K) -> (B, S, H, D)."""
-    attn_mask = bias.to(q.dtype) + (1.0 - mask[:, None, None].to(q.dtype)) * -inf
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, scale=q.shape[-1] ** -0.5
-    )
-    return out.transpose(1, 2).to(v.dtype)

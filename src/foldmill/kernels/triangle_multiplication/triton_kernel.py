@@ -1,4 +1,4 @@
-"""The Triton kernels behind foldmill.kernels.triton_triangle_multiplication (imports triton: load it lazily).
+"""The Triton kernels behind foldmill.kernels.triangle_multiplication.triton (imports triton: load it lazily).
 
 The update takes three launches, the cubic edge product in the middle on cuBLAS:
 
@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from foldmill.kernels.layer_norm.triton_kernel import affine_layer_norm
 from foldmill.kernels.triton_dot_operands import dot_operand, rounded
-from foldmill.kernels.triton_layer_norm_kernel import affine_layer_norm
 from foldmill.kernels.triton_support import dot_flags
 
 

@@ -1,5 +1,5 @@
 """Triangle multiplication backend (Triton + cuBLAS): the gated edges and the gated output in one kernel each,
-the edge product as one batched matrix product over channels (foldmill.kernels.triton_triangle_multiplication_kernel).
+the edge product as one batched matrix product over channels (foldmill.kernels.triangle_multiplication.triton_kernel).
 
 Why: the reference writes LayerNorm outputs, (N, N, 4C) projections, permuted copies for the product and
 its output through HBM. Here x is read twice and a, b and the product are written once each, in the
@@ -7,7 +7,7 @@ compute dtype, channel-major (the product's layout), so no permuting copy is mad
 the output kernel also adds the update to x (the trunk's residual add), which saves a pass over the fp32
 pair.
 
-Same arguments and result as foldmill.model.layers.triangle_multiplication.triangle_multiplicative_update:
+Same arguments and result as the reference (foldmill.model.layers.triangle_multiplication):
 the update in the compute dtype (the autocast dtype, else x's), or x + update in `residual_out`. The
 reference runs instead in fp32 compute (the registry sends only half precision here), when autograd
 records (the kernels have no backward pass) and for channel counts the kernels do not tile (not a power
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from foldmill.kernels.registry import compute_dtype
+from foldmill.kernels.triangle_multiplication.weights import TriangleMultiplicationWeights
 from foldmill.kernels.triton_support import MIN_WIDTH, padded_width, records_autograd
 
 MAX_CHANNELS = 128  # widest pair one program holds: a (pairs, C) fp32 tile per operand
@@ -31,47 +32,32 @@ def supported(channels: int) -> bool:
     return MIN_WIDTH <= channels <= MAX_CHANNELS and padded_width(channels) == channels
 
 
-def with_residual(x: Tensor, update: Tensor, residual_out: Tensor | None) -> Tensor:
-    """The update as is, or x + update written into `residual_out` (x itself, or a tensor like x): the
-    result of every triangle multiplication backend. In-place adds, not `out=`, so autograd records it."""
-    if residual_out is None:
-        return update
-    if residual_out is not x:
-        residual_out.copy_(x)
-    return residual_out.add_(update)
-
-
-def supports_update(
+def supports(
     x: Tensor,
     direction: str,
     mask: Tensor,
-    *weights: Tensor,
-    eps: float = 1e-5,
+    weights: TriangleMultiplicationWeights,
     residual_out: Tensor | None = None,
 ) -> bool:
     """Half-precision compute (fp32 compute is the reference's), a contiguous `residual_out`, channel
     counts the kernels tile, outside autograd."""
     unfit = residual_out is not None and residual_out.stride(-1) != 1
-    return not (unfit or compute_dtype(x) == torch.float32 or records_autograd(x, *weights) or not supported(x.shape[-1]))
+    return not (
+        unfit
+        or compute_dtype(x) == torch.float32
+        or records_autograd(x, *weights.tensors())
+        or not supported(x.shape[-1])
+    )
 
 
-def triangle_multiplicative_update(
+def triangle_multiplication(
     x: Tensor,
     direction: str,
     mask: Tensor,
-    norm_in_weight: Tensor,
-    norm_in_bias: Tensor,
-    p_in_weight: Tensor,
-    g_in_weight: Tensor,
-    norm_out_weight: Tensor,
-    norm_out_bias: Tensor,
-    p_out_weight: Tensor,
-    g_out_weight: Tensor,
-    eps: float = 1e-5,
+    weights: TriangleMultiplicationWeights,
     residual_out: Tensor | None = None,
 ) -> Tensor:
-    """The registry backend (where `supports_update`)."""
-    weights = (norm_in_weight, norm_in_bias, p_in_weight, g_in_weight, norm_out_weight, norm_out_bias, p_out_weight, g_out_weight)
-    from foldmill.kernels.triton_triangle_multiplication_kernel import fused_update
+    """The registry backend (where `supports`)."""
+    from foldmill.kernels.triangle_multiplication.triton_kernel import fused_update
 
-    return fused_update(x, direction, mask, weights, eps, compute_dtype(x), residual_out)
+    return fused_update(x, direction, mask, weights.tensors(), weights.eps, compute_dtype(x), residual_out)

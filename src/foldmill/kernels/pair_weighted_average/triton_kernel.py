@@ -1,4 +1,4 @@
-"""The Triton kernel behind foldmill.kernels.triton_pair_average (imports triton: load it lazily).
+"""The Triton kernel behind foldmill.kernels.pair_weighted_average.triton (imports triton: load it lazily).
 
 Per (batch, head) the pair-weighted average is one matrix product shared by every MSA row:
 O[i, (s, d)] = sum_j W[i, j] V[j, (s, d)], with W the head's (N, N) softmax weights and V the

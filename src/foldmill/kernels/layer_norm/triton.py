@@ -12,7 +12,7 @@ against the reference's 1.763 ms; 0.239 ms on the transposed view. (Earlier tabl
 columns outside autocast, where the fp32 input selects the reference; the shipped table drops those
 rows, so the default order, Triton first, applies.)
 
-Triton is imported lazily (foldmill.kernels.triton_layer_norm_kernel): this module loads where
+Triton is imported lazily (foldmill.kernels.layer_norm.triton_kernel): this module loads where
 triton is absent; `triton_support.available()` is then False. Autograd recording and rows wider than
 MAX_WIDTH run the reference.
 """
@@ -49,39 +49,12 @@ def row_layout(x: Tensor) -> tuple[Tensor, int, int, int]:
     return x, inner, outer_stride, inner_stride
 
 
-def supports_layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> bool:
+def supports(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> bool:
     return not records_autograd(x, weight, bias) and padded_width(x.shape[-1]) <= MAX_WIDTH and x.numel() != 0
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-    """The registry backend (where `supports_layer_norm`)."""
-    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm
+    """The registry backend (where `supports`)."""
+    from foldmill.kernels.layer_norm.triton_kernel import fused_layer_norm
 
     return fused_layer_norm(x, weight, bias, eps, compute_dtype(x))
-
-
-def supports_layer_norm_heads(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, head_weight: Tensor, keep_normed: bool
-) -> bool:
-    """Not under autograd, affine weights, a power-of-two width, at most one tile of heads."""
-    width = x.shape[-1]
-    return not (
-        records_autograd(x, weight, bias, head_weight)
-        or weight is None
-        or bias is None
-        or x.dim() != 4
-        or padded_width(width) != width
-        or width > MAX_WIDTH
-        or head_weight.shape[0] > HEAD_BLOCK
-    )
-
-
-def layer_norm_heads(
-    x: Tensor, weight: Tensor, bias: Tensor, eps: float, head_weight: Tensor, keep_normed: bool
-) -> tuple[Tensor | None, Tensor]:
-    """The "layer_norm_heads" backend (where `supports_layer_norm_heads`): one kernel reads the pair once
-    for its LayerNorm and the heads' bias projection (the reference writes the norm, reads it back and
-    permutes the projection heads first)."""
-    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm_heads
-
-    return fused_layer_norm_heads(x, weight, bias, eps, head_weight, compute_dtype(x), keep_normed)

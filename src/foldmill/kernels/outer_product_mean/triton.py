@@ -8,7 +8,7 @@ pair track, and its row counts come from a (S, rows, N) product of masks. Measur
 this backend takes 64.9 ms there (3.1x), 28.3 ms against 80.8 at 1,672 tokens, 7.4 against 18.9 at 849,
 with the reference's error against float64 (0.0016).
 
-Here the kernel (foldmill.kernels.triton_outer_product_kernel) writes the sum in the compute dtype
+Here the kernel (foldmill.kernels.outer_product_mean.triton_kernel) writes the sum in the compute dtype
 in (i, j, c * c) order, the output projection runs on it as is, and the mean's division moves
 after the projection (the same linear map: (P / n) W^T = (P W^T) / n), onto a 128-wide result
 instead of the 1,024-wide product. The row counts are one matrix product of the masks, exact in fp32.
@@ -46,13 +46,13 @@ def supports(
     return not records_autograd(a, b, weight, bias) and a.shape[-1] in KERNEL_CHANNELS
 
 
-def outer_product_mean_update(
+def outer_product_mean(
     a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
 ) -> Tensor:
     """The registry backend, where `supports` (token_rows bounds only the reference's memory; the
     kernel's blocks are bounded by BLOCK_BYTES)."""
     channels = a.shape[-1]
-    from foldmill.kernels.triton_outer_product_kernel import outer_product_sum
+    from foldmill.kernels.outer_product_mean.triton_kernel import outer_product_sum
 
     dtype = compute_dtype(a)
     batch, _, tokens, _ = a.shape

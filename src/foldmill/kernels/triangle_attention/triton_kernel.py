@@ -1,4 +1,4 @@
-"""The Triton kernel behind foldmill.kernels.triton_triangle_attention (imports triton: load it lazily).
+"""The Triton kernel behind foldmill.kernels.triangle_attention.triton (imports triton: load it lazily).
 
 Flash attention with the triangle bias. One program takes BLOCK_M queries of one (batch, head)
 for a pair of rows i (the bias is the same for every row, so each bias tile is loaded and

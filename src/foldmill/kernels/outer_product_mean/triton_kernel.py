@@ -1,4 +1,4 @@
-"""The Triton kernel behind foldmill.kernels.triton_outer_product (imports triton: load it lazily).
+"""The Triton kernel behind foldmill.kernels.outer_product_mean.triton (imports triton: load it lazily).
 
 One program computes one (BLOCK_I tokens x C channels) x (BLOCK_J tokens x C channels) tile of the
 outer-product sum P[i, c, j, d] = sum_s a[s, i, c] b[s, j, d], walking the MSA rows s in BLOCK_S

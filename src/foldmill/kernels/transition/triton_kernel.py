@@ -1,4 +1,4 @@
-"""The Triton kernel behind foldmill.kernels.triton_transition (imports triton: load it lazily).
+"""The Triton kernel behind foldmill.kernels.transition.triton (imports triton: load it lazily).
 
 One program normalises BLOCK_M rows (LayerNorm statistics in fp32), then walks the hidden width
 in BLOCK_H slices: a = xn @ fc1[slice].T and b = xn @ fc2[slice].T (fp32 accumulation), the
