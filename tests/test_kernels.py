@@ -48,7 +48,7 @@ def test_candidate_order_follows_the_measured_table_on_cuda():
     policy = KernelPolicy()
     trimul_small = registry.candidate_order("triangle_multiplication", "cuda", "sm_90", torch.bfloat16, 256, policy)
     trimul_large = registry.candidate_order("triangle_multiplication", "cuda", "sm_90", torch.bfloat16, 1024, policy)
-    # foldmill's Triton triangle multiplication measured fastest at every size (session 11); below ~450
+    # foldmill's Triton triangle multiplication measured fastest at every size; below ~450
     # tokens the reference beat cuEquivariance's.
     assert trimul_small[:2] == ["triton", REFERENCE] and trimul_large[:2] == ["triton", "cueq"]
     # foldmill's Triton flash triangle attention measured fastest at every size (2026-12-01, after its

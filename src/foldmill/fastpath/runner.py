@@ -68,7 +68,7 @@ class FastPathOptions:
     pad_tokens_to: int = 8  # 1 disables padding
     cuda_graphs: bool = True
     # Sampling-step graphs only up to this many (padded) tokens. Above, a graph did not pay on the H200
-    # (session 11: diffusion of 2,467 / 2,556 tokens took 7.59 / 7.86 s graphed, 7.44 / 7.67 eager).
+    # (diffusion of 2,467 / 2,556 tokens took 7.59 / 7.86 s graphed, 7.44 / 7.67 eager).
     max_graph_tokens: int = 2048
     # Trunk pairformer-pass graphs: below ~500 tokens a block (~100 kernels) is launch-bound (150 tokens:
     # 4.5 ms/block on the H200); at 1000 tokens a block takes 35 ms of GPU time, so a graph gains

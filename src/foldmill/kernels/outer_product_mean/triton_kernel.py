@@ -37,7 +37,7 @@ class BlockConfig:
 
 
 # sm_90 candidates for C = 32, the default first; a narrower C scales the token counts so the tiles
-# keep their width (see config_for). Measured on the H200 with 2,048 MSA rows (session 8), the
+# keep their width (see config_for). Measured on the H200 with 2,048 MSA rows, the
 # 128 x 256 tile won at every size: 7.4 / 28.3 / 64.9 ms per call at 849 / 1,672 / 2,472 tokens,
 # against 8.0 / 30.8 / 68.1 for 256 x 128 and 8.3 / 30.0 / 69.7 for 128 x 128 at 4 warps. One
 # configuration runs (no autotuning: each extra candidate costs every new process a compilation).

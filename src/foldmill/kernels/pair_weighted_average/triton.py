@@ -4,7 +4,7 @@ kernel (foldmill.kernels.pair_weighted_average.triton_kernel), reading the value
 Why: the reference (foldmill.model.layers.pair_weighted_averaging.gated_pair_average) is an einsum
 that copies the (B, S, N, H * D) values into a (head, token, row) layout and its result back, then
 multiplies by the gate in a further pass: three extra round trips of an MSA-sized tensor.
-Measured on the H200 with 2,048 MSA rows (session 8, the whole layer by head): 16.5 ms against the
+Measured on the H200 with 2,048 MSA rows (the whole layer by head): 16.5 ms against the
 reference's 20.7 at 849 tokens, but 40.1 against 34.6 at 1,672 and 75.1 against 60.3 at 2,472 (its
 strided value loads, 64 bytes per token and MSA row, lose to cuBLAS on the reference's copied
 layout), so the crossover table runs it up to 1,191 tokens only.

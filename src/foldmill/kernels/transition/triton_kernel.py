@@ -36,8 +36,8 @@ class BlockConfig:
 # reloads the 192 KB of weights (from L2) once per 128 rows and spills 20 bytes; 64-row tiles at
 # 4 warps spill nothing. Single track (384, padded to 512): the fp32 output tile is 4x wider, so
 # 16-32 rows per program (no spills). The pair track's 64-row tiles take 255 registers (two programs
-# per SM); capped at 168 (three) they ran no faster on the H200 (session 13, docs/benchmarks/
-# forward-h200/session13/transition_configs.py: 5.217 against 5.237 ms, 2.900 against 2.909).
+# per SM); capped at 168 (three) they ran no faster on the H200 (5.217 against
+# 5.237 ms, 2.900 against 2.909).
 NARROW_CONFIGS = (BlockConfig(128, 64, 8), BlockConfig(64, 64, 4), BlockConfig(64, 32, 4), BlockConfig(128, 32, 8))
 WIDE_CONFIGS = (BlockConfig(32, 32, 4), BlockConfig(16, 32, 4), BlockConfig(16, 64, 4))
 NARROW_WIDTH = 128

@@ -12,14 +12,14 @@ Masks: the launcher folds the key mask the rows share (their union: for a pair m
 token mask, the valid tokens) into its one key-contiguous copy of the bias (MASK_LOGIT where masked).
 A row pair whose masks both equal it (every row of a token-mask outer product but the padding rows)
 runs the loop without any key bias: 22% fewer instructions per key block, and 7% / 11% / 14% faster
-at 1,024 / 1,700 / 2,472 tokens on the H200 (session 9, `attention_variants.py`). Any other row pair (a padding
+at 1,024 / 1,700 / 2,472 tokens on the H200. Any other row pair (a padding
 row, or masks that differ from row to row) adds its rows' own key biases (0 or MASK_LOGIT, built by
 the launcher) as a broadcast add, and gets the reference's result either way: its masked keys are
 at least MASK_LOGIT down. Keys past the end read MASK_LOGIT as bias (their k and v read zeros).
 The (queries x keys) logits never reach HBM.
 
 Both rows' logits products are issued before either row's softmax, so the tensor cores work on
-the second while the ALUs take the first (session 7: 6.5-7.4% faster than row by row).
+the second while the ALUs take the first (6.5-7.4% faster than row by row).
 
 Memory traffic: the bias and key-bias tiles of the next key block are prefetched into registers
 one step ahead (Triton's pipeliner stages only dot operands loaded from memory, k and v, through
@@ -66,16 +66,15 @@ class BlockConfig:
 
 
 # sm_90 candidates (Triton 3.6, ptxas for sm_90a), the default first. Head dims 16/32, measured on the
-# H200 with the fused gate (1 x N rows x 4 heads x 32, the model's masks; session 9,
-# `attention_variants.py`): 64 x 32 tiles at 4 warps, 3 stages and 128 registers (four programs per SM
-# instead of two) take 0.76 / 3.77 / 15.8 / 44.5 ms at 512 / 1,024 / 1,700 / 2,472 tokens, against
-# 0.72 / 4.52 / 19.1 / 55.2 for session 7's 64 x 64 tiles (228 registers) before the key mask was
-# folded. 64 x 64 tiles in this two-loop kernel take 49.6 ms at 2,472 uncapped, 62-84 capped at 168 or
-# 128 registers. Before the fold, 128 x 64 or 128 x 32 tiles at 8 warps, mma.sync instead of wgmma, 2 or
+# H200 with the fused gate (1 x N rows x 4 heads x 32, the model's masks): 64 x 32 tiles at 4 warps,
+# 3 stages and 128 registers (four programs per SM instead of two) take 0.76 / 3.77 / 15.8 / 44.5 ms at
+# 512 / 1,024 / 1,700 / 2,472 tokens, against 0.72 / 4.52 / 19.1 / 55.2 for 64 x 64 tiles (228 registers)
+# without the folded key mask. 64 x 64 tiles in this two-loop kernel take 49.6 ms at 2,472 uncapped, 62-84 capped at 168 or
+# 128 registers. Without the fold, 128 x 64 or 128 x 32 tiles at 8 warps, mma.sync instead of wgmma, 2 or
 # 4 stages, one row per program and 64 x 128 tiles all lost or tied at 1,700 and 2,472 tokens.
 # So one candidate: no autotuning, whose every extra candidate costs ~1 s of compilation in each new
 # process (every Slurm job's replica). Head dim 64 (not a Boltz-2 width): 128 x 128 tiles spill and
-# need 256 KB of shared memory at 3 stages, so only the narrower tiles; not re-measured since session 6.
+# need 256 KB of shared memory at 3 stages, so only the narrower tiles.
 NARROW_CONFIGS = (BlockConfig(64, 32, 4, 3, max_registers=128),)
 WIDE_CONFIGS = (BlockConfig(128, 64, 8, 2), BlockConfig(128, 64, 8, 3), BlockConfig(64, 64, 4, 3))
 NARROW_HEAD_DIM = 32
@@ -394,7 +393,7 @@ def _prepared_bias(
 ) -> tuple[Tensor, Tensor]:
     """(the shared key bias, the folded bias), made once per bias when the caller keeps `prepared` for the
     calls on one bias (TriangleAttention's row blocks: at 2,472 tokens twelve folds of 49 MB per module,
-    1.8 ms per pairformer block, session 12). The first call's rows set the shared mask; later blocks'
+    1.8 ms per pairformer block). The first call's rows set the shared mask; later blocks'
     rows conform to it or take the per-row loop, so the result is the same either way. The bias is known by
     its storage and shape (a module call does not write it between its blocks; inference tensors carry no
     version counter to tell)."""

@@ -47,14 +47,14 @@ class BlockConfig:
     programs_per_sm: int = 4
 
 
-# Pinned on the H200 at 2,472 tokens (session 11, docs/benchmarks/forward-h200/session11/trimul_configs.py):
+# Pinned on the H200 at 2,472 tokens:
 # the edges kernel took 3.99 ms at 64 pairs x 8 warps x 3 stages (4.67 at 2 stages, 6.7-7.8 at 32 x 4), the
 # output kernel 5.60 ms at 32 x 4 x 1 (6.2-6.5 at 64 x 8); 64 x 4 and 128 x 8 were slower or ran out of
 # shared memory. No autotuning: each candidate cost a compilation in every new process (~20 s of a cold
 # run's first target for four). The weights stay in shared memory (the edges kernel's four 128 x 128
 # tiles: 128 KB, one program per SM). The output kernel takes 194 registers uncapped, so two programs
 # fit on an SM; capped at 168, three do: 4.59 ms against 5.59 at 2,472 tokens, 2.28 against 2.69 at
-# 1,704, the same values bit for bit (session 13, docs/benchmarks/forward-h200/session13/kernel_configs.py).
+# 1,704, the same values bit for bit.
 # Launching four per SM then (a partial second wave) took 5.91 ms; capped at 128 (four fit), 6.59.
 EDGES_CONFIG = BlockConfig(64, 8, 3)
 OUTPUT_CONFIG = BlockConfig(32, 4, 1, max_registers=168, programs_per_sm=3)
@@ -116,7 +116,7 @@ def _weight_t(weight_ptr, first_row, col, C: tl.constexpr):
 
 # Both kernels are persistent: a program loads its weights once and walks tiles tile, tile + programs, ...
 # With a program per tile, each re-read its weights from L2 (128 KB per 64 pairs for the edges): on the
-# H200 at 2,472 tokens the edges kernel took 6.5 ms that way, 4.8 ms persistent (session 11).
+# H200 at 2,472 tokens the edges kernel took 6.5 ms that way, 4.8 ms persistent.
 @triton.jit(do_not_specialize=["tokens", "batch"])  # one compilation for all sizes
 def _gated_edges_kernel(
     x_ptr,
@@ -214,7 +214,7 @@ def _aligned(tokens: int) -> int:
     multiple of 8). The kernel restates the count as a multiple of it, so the compiler knows that a
     channel-major row of a_t / b_t starts on a 16-byte boundary and stores 8 bf16 at a time instead of one
     (the count itself is not specialised on: one compilation for all sizes). On the H200 at 2,472 tokens:
-    3.80 ms against 3.98 (session 12). The same hint in the output kernel (its product loads) made it
+    3.80 ms against 3.98. The same hint in the output kernel (its product loads) made it
     slower, 6.97 ms against 5.66, so that kernel goes without."""
     return math.gcd(8, tokens)
 

@@ -84,7 +84,7 @@ def add_projection(residual: Tensor, gated: Tensor, weight: Tensor) -> None:
     A half-precision product into an fp32 residual is one cuBLAS call that accumulates into it (fp32
     output, the residual as its C operand): no half-precision update tensor and no separate add pass,
     which at 2,472 tokens cost 3.7 ms (starting node) / 4.6 ms (ending node, a transposed add) against
-    2.7 ms on the H200 (session 12). The update is then not rounded to half precision before the add.
+    2.7 ms on the H200. The update is then not rounded to half precision before the add.
     Elsewhere (CPU, fp32) the reference: the product, then the add."""
     fused = residual.is_cuda and residual.dtype == torch.float32 and gated.dtype in (torch.bfloat16, torch.float16)
     if not fused or weight.dtype != gated.dtype:
