@@ -1,7 +1,7 @@
 """The restructured score model (foldmill.fastpath.score) computes DiffusionModule.forward:
 fp32 on the CPU against the module (padding tokens, two records, atoms not laid out by token),
 its routed ops against their definitions, their Triton kernels under the interpreter (skipped
-without triton) and on the GPU, and the bf16 model on the GPU at the released architecture."""
+without triton) and on the GPU, and the bf16 model on the GPU at the published architecture."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_kernels_on_the_gpu():
 
 @pytest.mark.gpu
 def test_bf16_restructured_score_model_on_the_gpu():
-    """Released architecture, ~300 tokens with padding: the restructured bf16 score model is as close to
+    """Published architecture, ~300 tokens with padding: the restructured bf16 score model is as close to
     the fp32 module as the bf16 module is (foldmill bench score measures the same at other sizes)."""
     from foldmill.bench.score import _trunk_like
     from foldmill.fastpath.cuda_graphs import GraphedCall

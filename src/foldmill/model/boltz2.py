@@ -1,7 +1,7 @@
 """The Boltz-2-compatible folding model: trunk, structure sampler and confidence in one module.
 
 Engine API (what the executor codes against):
-- `Boltz2.from_checkpoint(path, config=None)`: the released Lightning checkpoint
+- `Boltz2.from_checkpoint(path, config=None)`: the published Lightning checkpoint
   (`boltz2_conf.ckpt`), a plain state_dict file or .safetensors, loaded safely and strictly
   (see foldmill.model.checkpoint); the architecture is read from the weights unless given.
 - `foldmill.model.demo.demo_model(config, seed)`: seeded random weights, provenance "demo".
@@ -116,7 +116,7 @@ class Boltz2(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: Boltz2Config | None = None) -> Boltz2:
-        """Load released Boltz-2 weights (see foldmill.model.checkpoint). Raises CheckpointError."""
+        """Load published Boltz-2 weights (see foldmill.model.checkpoint). Raises CheckpointError."""
         from foldmill.model.checkpoint import load_boltz2
 
         return load_boltz2(path, config)
