@@ -15,10 +15,10 @@ import torch
 from foldmill import kernels
 from foldmill.kernels import crossover, cueq, registry
 from foldmill.kernels.attention_pair_bias import sdpa as pair_bias_sdpa
-from foldmill.kernels.triangle_attention import sdpa
 from foldmill.kernels.registry import REFERENCE, Backend, KernelPolicy, OpSpec
-from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
-from foldmill.model.layers.triangle_attention import TriangleAttentionStartingNode, triangle_attention_core
+from foldmill.kernels.triangle_attention import sdpa
+from foldmill.model.layers.attention_pair_bias import attention_pair_bias
+from foldmill.model.layers.triangle_attention import TriangleAttentionStartingNode, triangle_attention
 
 FP32_TOL = 1e-5
 
@@ -86,14 +86,14 @@ def test_cuequivariance_degrades_cleanly_without_its_ops():
         # cueq is CUDA-only: on CPU the forced choice falls back to the reference.
         assert kernels.select("triangle_attention", q, q.shape[-2]) == REFERENCE
         out = kernels.dispatch("triangle_attention", q, k, v, bias, mask, scale)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, scale), rtol=0, atol=0)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, scale), rtol=0, atol=0)
 
 
 def test_sdpa_triangle_attention_matches_reference_fp32():
     q, k, v, bias, mask, scale = triangle_inputs()
     assert (
         relative_error(
-            sdpa.triangle_attention(q, k, v, bias, mask, scale), triangle_attention_core(q, k, v, bias, mask, scale)
+            sdpa.triangle_attention(q, k, v, bias, mask, scale), triangle_attention(q, k, v, bias, mask, scale)
         )
         <= FP32_TOL
     )
@@ -104,7 +104,7 @@ def test_sdpa_pair_bias_attention_matches_reference_fp32():
     q, k, v = (torch.randn(3, 10, 4, 16, generator=generator) for _ in range(3))
     bias = torch.randn(3, 4, 10, 10, generator=generator)
     mask = (torch.rand(3, 10, generator=generator) > 0.2).float()
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
     assert relative_error(pair_bias_sdpa.attention_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
 
 

@@ -180,10 +180,10 @@ def test_compute_dtype_layer_norm_matches_fp32_norm_rounded_once():
     assert torch.equal(norm(x), expected)  # outside autocast: the plain fp32 LayerNorm
     # The op itself takes fp32 weights for a compute-dtype input too (cast to it), as the row-blocked
     # triangle multiplication passes them: the same result as weights cast beforehand.
-    from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+    from foldmill.model.layers.layer_norm import layer_norm
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        cast_inside = layer_norm_in_compute_dtype(x.bfloat16(), norm.weight, norm.bias, norm.eps)
+        cast_inside = layer_norm(x.bfloat16(), norm.weight, norm.bias, norm.eps)
     assert torch.equal(cast_inside, from_bf16)
 
 

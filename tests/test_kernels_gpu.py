@@ -11,18 +11,18 @@ import torch
 from kernel_testing import relative_error
 
 from foldmill import kernels
-from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights
 from foldmill.fastpath.cuda_graphs import GraphedCall
 from foldmill.kernels import cueq, triton_support
-from foldmill.model.layers import triangle_attention
-from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
+from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights
+from foldmill.model.layers import triangle_attention as triangle_attention_layer
+from foldmill.model.layers.attention_pair_bias import attention_pair_bias
 from foldmill.model.layers.transition import Transition, transition
-from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention_core
+from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention
 from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
-    triangle_multiplicative_update,
-    triangle_multiplicative_update_by_rows,
+    triangle_multiplication,
+    triangle_multiplication_by_rows,
 )
 
 pytestmark = pytest.mark.gpu
@@ -68,7 +68,7 @@ def test_triangle_attention_backends(n, dtype):
     mask1d = token_mask(n, n - 5, n)
     mask = (mask1d[:, :, None] * mask1d[:, None, :]).bool()[:, :, None, None, :]
     scale = 1 / math.sqrt(32)
-    expected = triangle_attention_core(q, k, v, bias, mask, scale)[:, : n - 5]  # real rows
+    expected = triangle_attention(q, k, v, bias, mask, scale)[:, : n - 5]  # real rows
     names = backends_to_test("triangle_attention", dtype)
     assert "sdpa" in names
     for name in names:
@@ -108,7 +108,7 @@ def test_pair_bias_attention_on_the_flash_kernel_matches_the_fp32_math(batch, he
     q, k, v = (torch.randn(batch, n, heads, head_dim, device=CUDA, generator=g) for _ in range(3))
     bias = 2 * torch.randn(batch, heads, n, n, device=CUDA, generator=g)
     mask = torch.stack([(torch.arange(n, device=CUDA) < n - 7 - 30 * b).float() for b in range(batch)])
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         kernels.reset_counts()
         with kernels.kernel_policy(force={"attention_pair_bias": "triton"}):
@@ -123,7 +123,7 @@ def test_triangle_attention_module_adds_into_the_pair_by_row_blocks(starting, mo
     """As the fast path runs it: bf16 linears, the fp32 pair as residual_out, the projection in blocks of
     40 rows (each block's flash call reusing the bias folded at the first, its output projection
     accumulating into the pair, or into its transpose for the ending node)."""
-    monkeypatch.setattr(triangle_attention, "PROJECTION_BLOCK_BYTES", 40 * 136 * 512 * 4)  # x: the fp32 LayerNorm
+    monkeypatch.setattr(triangle_attention_layer, "PROJECTION_BLOCK_BYTES", 40 * 136 * 512 * 4)  # x: the fp32 LayerNorm
     n = 136
     module = randomized(TriangleAttention(128, 32, 4, starting=starting), seed=14)
     x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(15))
@@ -191,9 +191,9 @@ def test_triangle_multiplication_by_rows_bf16(direction):
         module.norm_out.weight, module.norm_out.bias, module.p_out.weight, module.g_out.weight,
     )  # fmt: skip
     with torch.no_grad():
-        expected = triangle_multiplicative_update(x, direction, pair_mask, weights)[:, : n - 3, : n - 3]
+        expected = triangle_multiplication(x, direction, pair_mask, weights)[:, : n - 3, : n - 3]
         with torch.autocast("cuda", torch.bfloat16):
-            out = triangle_multiplicative_update_by_rows(x, direction, pair_mask, weights, rows=24)
+            out = triangle_multiplication_by_rows(x, direction, pair_mask, weights, rows=24)
     assert out.dtype == torch.bfloat16
     assert relative_error(out[:, : n - 3, : n - 3].float(), expected) <= BF16_TOL
 
@@ -204,7 +204,7 @@ def test_pair_bias_attention_sdpa(dtype):
     q, k, v = (torch.randn(5, 150, 16, 48, device=CUDA, generator=g) for _ in range(3))
     bias = torch.randn(5, 16, 150, 150, device=CUDA, generator=g)
     mask = token_mask(150, 140, 7).expand(5, -1)
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
     with kernels.kernel_policy(force={"attention_pair_bias": "sdpa"}):
         out = kernels.dispatch("attention_pair_bias", *(t.to(dtype) for t in (q, k, v, bias)), mask, 1e6)
     assert relative_error(out, expected) <= (FP32_TOL if dtype == torch.float32 else BF16_TOL)
@@ -330,8 +330,7 @@ def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, he
     """As the pair-bias attention (16 heads, no norm kept) and the ending-node triangle attention (the
     transposed view, 4 heads, the norm kept) run it: fp32 pair under bf16 autocast, the Triton backend."""
     _needs_triton()
-    from foldmill.model.layers.layer_norm import LayerNorm
-    from foldmill.model.layers.layer_norm import normed_and_heads
+    from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
     norm = randomized(LayerNorm(128), seed=13)
     norm.weight.data = 1 + 0.2 * norm.weight.data

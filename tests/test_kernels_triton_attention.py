@@ -2,7 +2,7 @@
 
 - Where the kernel does not apply (autograd recording, head dims other than 16/32/64) the backend
   runs the reference: always tested, triton or not.
-- The kernel's parity with `triangle_attention_core` under Triton's CPU interpreter (skipped where
+- The kernel's parity with `triangle_attention` under Triton's CPU interpreter (skipped where
   triton is not installed, e.g. CI). TRITON_INTERPRET=1 must be set before triton is imported, so
   the kernel runs in a child process (this file run as a script) on inputs the test writes.
 - Every block configuration compiles for sm_90 within its shared memory (no GPU needed).
@@ -32,7 +32,7 @@ from kernel_testing import (
 from foldmill import kernels
 from foldmill.kernels import triton_support
 from foldmill.kernels.triangle_attention import triton as triton_triangle_attention
-from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
+from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
@@ -87,12 +87,12 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     # Head dim 24: not a kernel width, the reference runs (triton or not).
     q, k, v, bias, mask = model_inputs(1, 3, 10, 24, seed=1)
     out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 24**-0.5)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
     # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
     q, k, v, bias, mask = model_inputs(1, 3, 10, 32, seed=2)
     q = q.detach().requires_grad_()
     out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 32**-0.5)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
     out.sum().backward()
     assert q.grad is not None and q.grad.abs().sum() > 0
 
@@ -139,11 +139,11 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
         q, k, v, bias = exact
         mask, scale = low[-1], head_dim**-0.5
         assert not low[0].is_contiguous() and low[0].stride(-1) == 1  # as GatedAttention hands them over
-        expected[name] = triangle_attention_core(q, k, v, bias, mask, scale)
+        expected[name] = triangle_attention(q, k, v, bias, mask, scale)
         valid[name] = valid_rows(mask)
         assert 0 < int(valid[name].sum()) and (rows == 1 or int(valid[name].sum()) < rows)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            reference_bf16 = triangle_attention_core(q, k, v, bias, mask, scale)
+            reference_bf16 = triangle_attention(q, k, v, bias, mask, scale)
         torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
         cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
         cases[-1] |= dict(zip(("config", "group_queries", "via"), case[-4:-1], strict=True))
@@ -293,7 +293,7 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     q, k, v, bias, mask = model_inputs(
         1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=2, token_mask=token_mask
     )
-    expected = triangle_attention_core(q, k, v, bias, mask, 32**-0.5)
+    expected = triangle_attention(q, k, v, bias, mask, 32**-0.5)
     low = model_inputs(
         1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2, token_mask=token_mask
     )
@@ -334,7 +334,7 @@ def test_flash_kernel_every_block_config_on_gpu(head_dim, dtype):
     from foldmill.kernels.triangle_attention.triton_kernel import candidates, flash_triangle_attention
 
     q, k, v, bias, mask = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda")
-    expected = triangle_attention_core(q, k, v, bias, mask, head_dim**-0.5)
+    expected = triangle_attention(q, k, v, bias, mask, head_dim**-0.5)
     keep = valid_rows(mask)
     low = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda", dtype=dtype)
     for config in (*candidates(head_dim), None):

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from foldmill import kernels
 from foldmill.kernels.layer_norm import triton as triton_layer_norm
-from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+from foldmill.model.layers.layer_norm import layer_norm
 
 
 def test_cpu_routes_layer_norm_to_the_reference():
@@ -36,9 +36,9 @@ def test_reference_returns_the_compute_dtype_with_fp32_statistics():
     x = torch.randn(4, 6, 32, generator=generator) * 3 + 2
     weight, bias = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
     expected = F.layer_norm(x, (32,), weight, bias, 1e-5)
-    assert torch.equal(layer_norm_in_compute_dtype(x, weight, bias, 1e-5), expected)
+    assert torch.equal(layer_norm(x, weight, bias, 1e-5), expected)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = layer_norm_in_compute_dtype(x, weight, bias, 1e-5)
+        out = layer_norm(x, weight, bias, 1e-5)
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected.bfloat16())
 
 

@@ -29,7 +29,7 @@ from kernel_testing import (
 
 from foldmill import kernels
 from foldmill.kernels.outer_product_mean import triton as triton_outer_product
-from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
+from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, channels: int, out: int, seed: int, device: str = "cpu"):
@@ -89,11 +89,11 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Channel widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 6, 10, 8, 3, seed=3)
     out = kernels.call_backend("outer_product_mean", "triton", *inputs)
-    assert torch.equal(out, outer_product_mean_update(*inputs))
+    assert torch.equal(out, outer_product_mean(*inputs))
     a, b, mask, weight, bias = op_inputs(1, 6, 10, 16, 3, seed=4)
     weight.requires_grad_(True)
     out = kernels.call_backend("outer_product_mean", "triton", a, b, mask, weight, bias)
-    assert out.requires_grad and torch.equal(out.detach(), outer_product_mean_update(a, b, mask, weight, bias).detach())
+    assert out.requires_grad and torch.equal(out.detach(), outer_product_mean(a, b, mask, weight, bias).detach())
 
 
 # name, (batch, msa rows, tokens, channels, out), compute dtype, config index (None: default), via,
@@ -148,7 +148,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
     inputs = op_inputs(batch, msa_rows, tokens, 32, 128, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "outer_product_mean", outer_product_mean_update, inputs, plain_mean(*inputs)
+        "outer_product_mean", outer_product_mean, inputs, plain_mean(*inputs)
     )
 
 

@@ -29,7 +29,7 @@ from kernel_testing import (
 
 from foldmill import kernels
 from foldmill.kernels.pair_weighted_average import triton as triton_pair_average
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
+from foldmill.model.layers.pair_weighted_average import PairWeightedAveraging, pair_weighted_average
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, heads: int, width: int, seed: int, device: str = "cpu"):
@@ -77,11 +77,11 @@ def test_module_is_algorithm_10_through_the_op(chunk_heads):
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Head widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 4, 6, 2, 8, seed=2)
-    assert torch.equal(kernels.call_backend("pair_weighted_average", "triton", *inputs), gated_pair_average(*inputs))
+    assert torch.equal(kernels.call_backend("pair_weighted_average", "triton", *inputs), pair_weighted_average(*inputs))
     weights, values, gate = op_inputs(1, 4, 6, 2, 16, seed=3)
     gate.requires_grad_(True)
     out = kernels.call_backend("pair_weighted_average", "triton", weights, values, gate)
-    assert out.requires_grad and torch.equal(out.detach(), gated_pair_average(weights, values, gate).detach())
+    assert out.requires_grad and torch.equal(out.detach(), pair_weighted_average(weights, values, gate).detach())
 
 
 # name, (batch, msa rows, tokens, heads, width), compute dtype, config index (None: default), via.
@@ -131,7 +131,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows, heads):
     inputs = op_inputs(batch, msa_rows, tokens, heads, 32, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "pair_weighted_average", gated_pair_average, inputs, plain_average(*inputs)
+        "pair_weighted_average", pair_weighted_average, inputs, plain_average(*inputs)
     )
 
 
@@ -139,7 +139,7 @@ def _run_cases(cases_path: Path, outputs_path: Path) -> None:
     """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
     patch_interpreter_for_numpy_2_4()
     from foldmill.kernels.pair_weighted_average.triton_kernel import CONFIGS
-    from foldmill.kernels.pair_weighted_average.triton_kernel import gated_pair_average as kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import pair_weighted_average as kernel
 
     outputs = {}
     for case in torch.load(cases_path, weights_only=True):

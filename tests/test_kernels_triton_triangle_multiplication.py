@@ -33,7 +33,7 @@ from foldmill.kernels.triangle_multiplication import triton as triton_triangle_m
 from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
-    triangle_multiplicative_update,
+    triangle_multiplication,
 )
 
 WEIGHT_NAMES = ("norm_in_w", "norm_in_b", "p_in", "g_in", "norm_out_w", "norm_out_b", "p_out", "g_out")
@@ -106,15 +106,15 @@ def test_backend_runs_the_reference_where_the_kernels_do_not_apply():
     x, mask, weights = op_inputs(1, 7, 24, seed=1)
     assert not triton_triangle_multiplication.supported(24) and triton_triangle_multiplication.supported(128)
     out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, weights)
-    assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, weights))
+    assert torch.equal(out, triangle_multiplication(x, "outgoing", mask, weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=1)  # fp32 compute (no autocast): the reference's
     out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, weights)
-    assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, weights))
+    assert torch.equal(out, triangle_multiplication(x, "outgoing", mask, weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=2)
     weights.p_in_weight.requires_grad_(True)
     out = kernels.call_backend("triangle_multiplication", "triton", x, "incoming", mask, weights)
     assert out.requires_grad
-    assert torch.equal(out.detach(), triangle_multiplicative_update(x, "incoming", mask, weights).detach())
+    assert torch.equal(out.detach(), triangle_multiplication(x, "incoming", mask, weights).detach())
 
 
 # name, (batch, tokens, channels), compute dtype, direction, residual, (pairs, warps, stages) pinned for both
@@ -202,7 +202,7 @@ def test_backend_matches_the_math_on_the_gpu(direction, batch, tokens, channels)
                 out = kernels.dispatch("triangle_multiplication", x, direction, mask, weights)
                 own = x.clone()
                 summed = kernels.dispatch("triangle_multiplication", own, direction, mask, weights, residual_out=own)
-            reference_out = triangle_multiplicative_update(x, direction, mask, weights)
+            reference_out = triangle_multiplication(x, direction, mask, weights)
     assert kernels.chosen_counts() == {"triangle_multiplication/triton": 2}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape
     error, reference_error = relative_error(out, expected), relative_error(reference_out, expected)

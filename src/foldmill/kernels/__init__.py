@@ -1,7 +1,7 @@
 """Kernel selection for the Boltz-2 model's hot ops (see foldmill.kernels.registry).
 
     from foldmill import kernels
-    kernels.register_reference("triangle_attention", triangle_attention_core)  # done by foldmill.model
+    kernels.register_reference("triangle_attention", triangle_attention)  # done by foldmill.model
     out = kernels.dispatch("triangle_attention", q, k, v, bias, mask, scale)
     with kernels.kernel_policy(enabled=False): ...          # the plain PyTorch reference everywhere
     with kernels.kernel_policy(force={"triangle_attention": "sdpa"}): ...

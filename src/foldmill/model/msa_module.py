@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.functional import one_hot
 
 from foldmill.model.layers.outer_product_mean import OuterProductMean
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging
+from foldmill.model.layers.pair_weighted_average import PairWeightedAveraging
 from foldmill.model.layers.pairformer import LARGE_INPUT_TOKENS, PairformerNoSeqLayer, triangle_attention_chunk_size
 from foldmill.model.layers.transition import Transition
 from foldmill.model.residual import accumulate

@@ -1,7 +1,7 @@
 """Pair-weighted-averaging backend (Triton): the weighted average of the MSA values and its gate in one
 kernel (foldmill.kernels.pair_weighted_average.triton_kernel), reading the values and the gate in place.
 
-Why: the reference (foldmill.model.layers.pair_weighted_averaging.gated_pair_average) is an einsum
+Why: the reference (foldmill.model.layers.pair_weighted_average.pair_weighted_average) is an einsum
 that copies the (B, S, N, H * D) values into a (head, token, row) layout and its result back, then
 multiplies by the gate in a further pass: three extra round trips of an MSA-sized tensor.
 Measured on the H200 with 2,048 MSA rows (the whole layer by head): 16.5 ms against the
@@ -30,6 +30,6 @@ def supports(weights: Tensor, values: Tensor, gate: Tensor) -> bool:
 
 def pair_weighted_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
     """The registry backend (where `supports`)."""
-    from foldmill.kernels.pair_weighted_average.triton_kernel import gated_pair_average as kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import pair_weighted_average as kernel
 
     return kernel(weights, values, gate, compute_dtype(values))

@@ -109,7 +109,7 @@ def _pair_average_kernel(
     tl.store(out_ptr + batch * out_stride_b + i64 * out_stride_i + (s * out_stride_s + head * D + d)[None, :], out, mask=store_ok)
 
 
-def gated_pair_average(
+def pair_weighted_average(
     weights: Tensor, values: Tensor, gate: Tensor, compute_dtype: torch.dtype, config: BlockConfig | None = None
 ) -> Tensor:
     """sigmoid(gate) * (per head, sum_j weights[h, i, j] values[s, j, h, :]): (B, S, N, H * D), contiguous,

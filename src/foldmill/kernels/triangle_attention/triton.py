@@ -13,7 +13,7 @@ sm_90 table puts it first at every size. With 128 registers per thread and the r
 folded into the bias: 3.77 ms at 1,024 tokens and 44.5 ms at 2,472 on the model's masks.
 The "gated_triangle_attention" and "attention_pair_bias" ops run the same kernel (their folders).
 
-Same arguments and result as triangle_attention_core: the output is (B, I, H, J, D) in the compute
+Same arguments and result as triangle_attention: the output is (B, I, H, J, D) in the compute
 dtype (the autocast dtype, else q's). Triton is imported lazily: this module loads where triton is
 absent (CPU CI); `triton_support.available()` is then False. The reference runs here instead for
 head dims the kernel does not take (not a power of two in 16..64) and when autograd records (the

@@ -5,7 +5,7 @@ replace it without touching the modules."""
 from foldmill.model.layers.attention_pair_bias import AttentionPairBias
 from foldmill.model.layers.fourier_embedding import FourierEmbedding
 from foldmill.model.layers.outer_product_mean import OuterProductMean
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging
+from foldmill.model.layers.pair_weighted_average import PairWeightedAveraging
 from foldmill.model.layers.pairformer import (
     PairformerLayer,
     PairformerModule,

@@ -6,7 +6,7 @@ With compute_pair_bias=True (trunk, confidence) z is the pair representation
 (diffusion transformer) z is already the bias (B', S, K, H). B' = B / multiplicity: the
 bias is shared by the `multiplicity` samples stacked in s (broadcast, not copied, when B' = 1).
 
-`attention_with_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
+`attention_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
 apart so a kernel can replace it: the module calls it through the kernel registry
 (foldmill.kernels). Parameter names (proj_q/k/v/g/o, proj_z.0 the LayerNorm, proj_z.1 the
 bias projection) match the Boltz-2 checkpoint.
@@ -21,7 +21,7 @@ from foldmill import kernels
 from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
 
-def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
+def attention_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
     """softmax(q k^T / sqrt(D) + bias - inf * (1 - mask)) v.
 
     q: (B, S, H, D); k, v: (B, K, H, D); bias: (B, H, S, K); mask: (B, K). Returns (B, S, H, D).
@@ -90,4 +90,4 @@ class AttentionPairBias(nn.Module):
 
 
 # The plain PyTorch implementations the kernel registry runs where no backend applies.
-kernels.register_reference("attention_pair_bias", attention_with_pair_bias)
+kernels.register_reference("attention_pair_bias", attention_pair_bias)

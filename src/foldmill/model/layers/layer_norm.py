@@ -19,7 +19,7 @@ from foldmill import kernels
 from foldmill.kernels.registry import compute_dtype
 
 
-def layer_norm_in_compute_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     """LayerNorm over the last axis, fp32 statistics, result in the compute dtype.
 
     An input already in the compute dtype is normalised by CUDA's kernel in that dtype (it
@@ -37,9 +37,9 @@ def layer_norm_in_compute_dtype(x: Tensor, weight: Tensor | None, bias: Tensor |
 def layer_norm_heads(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, head_weight: Tensor, keep_normed: bool
 ) -> tuple[Tensor | None, Tensor]:
-    """(layer_norm_in_compute_dtype(x), or None without keep_normed; its projection by head_weight (H, C)
+    """(layer_norm(x), or None without keep_normed; its projection by head_weight (H, C)
     heads first: (B, H, I, J), contiguous) for a pair x (B, I, J, C)."""
-    normed = layer_norm_in_compute_dtype(x, weight, bias, eps)
+    normed = layer_norm(x, weight, bias, eps)
     heads = F.linear(normed, head_weight).permute(0, 3, 1, 2).contiguous()
     return (normed if keep_normed else None), heads
 
@@ -87,5 +87,5 @@ def normed_and_heads(
 
 
 # The plain PyTorch implementations the kernel registry runs where no backend applies.
-kernels.register_reference("layer_norm", layer_norm_in_compute_dtype)
+kernels.register_reference("layer_norm", layer_norm)
 kernels.register_reference("layer_norm_heads", layer_norm_heads)

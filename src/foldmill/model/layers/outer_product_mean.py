@@ -4,7 +4,7 @@ For every token pair (i, j), average over the unmasked MSA rows of the outer pro
 two low-rank projections a_si (x) b_sj, flatten (c_hidden^2) and project to c_out.
 Parameter names (norm, proj_a, proj_b, proj_o) match the Boltz-2 checkpoint.
 
-`outer_product_mean_update` (the part after the projections a and b) is the reference of the
+`outer_product_mean` (the part after the projections a and b) is the reference of the
 "outer_product_mean" op of foldmill.kernels, which a fused kernel replaces on the GPU.
 """
 
@@ -19,7 +19,7 @@ from foldmill.kernels.token_rows import by_token_rows
 from foldmill.model.layers.layer_norm import LayerNorm
 
 
-def outer_product_mean_update(
+def outer_product_mean(
     a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
 ) -> Tensor:
     """a, b: (B, S, N, c) masked projections, mask: (B, S, N) -> (B, N, N, c_out) =
@@ -51,7 +51,7 @@ class OuterProductMean(nn.Module):
         self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)
 
     def forward(self, m: Tensor, mask: Tensor, token_rows: int | None = None) -> Tensor:
-        """m: (B, S, N, c_in), mask: (B, S, N); token_rows: see outer_product_mean_update."""
+        """m: (B, S, N, c_in), mask: (B, S, N); token_rows: see outer_product_mean."""
         valid = mask.unsqueeze(-1).to(m)
         m = self.norm(m)
         a = self.proj_a(m) * valid
@@ -62,4 +62,4 @@ class OuterProductMean(nn.Module):
 
 
 # The plain PyTorch implementations the kernel registry runs where no backend applies.
-kernels.register_reference("outer_product_mean", outer_product_mean_update)
+kernels.register_reference("outer_product_mean", outer_product_mean)

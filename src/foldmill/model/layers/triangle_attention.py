@@ -5,7 +5,7 @@ Input z (B, N, N, C) and pair mask (B, N, N) -> update (B, N, N, C) (the caller 
 see add_projection). Row i of z attends over its own row (starting node); the ending-node variant runs
 the same op on the transposed pair tensor.
 
-`triangle_attention_core` is the O(N^3) attention with the cuEquivariance op's arguments
+`triangle_attention` is the O(N^3) attention with the cuEquivariance op's arguments
 (q, k, v (B, N, H, N, D), bias (B, 1, H, N, N), boolean mask (B, N, 1, 1, N), scale), so a
 kernel can replace it: GatedAttention calls it through the kernel registry (foldmill.kernels).
 Parameter names (layer_norm, linear, mha.linear_{q,k,v,g,o}) match the Boltz-2 checkpoint.
@@ -33,7 +33,7 @@ MASK_LOGIT = 1e9
 PROJECTION_BLOCK_BYTES = 512 << 20
 
 
-def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
+def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
     """softmax(scale * q k^T + mask bias + triangle bias) v, independently for every row.
 
     q, k, v: (B, I, H, J, D); bias: (B, 1, H, J, J); mask: (B, I, 1, 1, J) bool.
@@ -56,7 +56,7 @@ def gated_triangle_attention(
     chunk_size: int | None,
     prepared: dict | None = None,
 ) -> Tensor:
-    """sigmoid(gate) * triangle_attention_core(...), in the gate's (B, I, J, H*D) layout.
+    """sigmoid(gate) * triangle_attention(...), in the gate's (B, I, J, H*D) layout.
 
     The attention runs through the "triangle_attention" op, `chunk_size` rows per call (Boltz-2's bound
     on the logits' memory); the "gated_triangle_attention" op's flash backend fuses all of it.
@@ -214,5 +214,5 @@ class TriangleAttentionEndingNode(TriangleAttention):
 
 
 # The plain PyTorch implementations the kernel registry runs where no backend applies.
-kernels.register_reference("triangle_attention", triangle_attention_core)
+kernels.register_reference("triangle_attention", triangle_attention)
 kernels.register_reference("gated_triangle_attention", gated_triangle_attention)

@@ -3,11 +3,11 @@
 Input z (B, N, N, D) and pair mask (B, N, N) -> update (B, N, N, D); with `residual_out`, z + update
 written into it (the pairformer passes z itself, so a fused backend adds in its own pass).
 
-The whole op is the plain function `triangle_multiplicative_update`, with the same
+The whole op is the plain function `triangle_multiplication`, with the same
 arguments as cuEquivariance's fused op (plus `residual_out`), so a kernel can replace it one-for-one;
 its O(N^3) core is `triangle_product`. The modules call it through the kernel registry
 (foldmill.kernels), which may run foldmill's Triton backend or cuEquivariance's fused op instead, up
-to ROW_BLOCKED_TOKENS tokens; above, `triangle_multiplicative_update_by_rows` bounds the working set
+to ROW_BLOCKED_TOKENS tokens; above, `triangle_multiplication_by_rows` bounds the working set
 (see there). Parameter names (norm_in, p_in, g_in, norm_out, p_out, g_out) match the Boltz-2 checkpoint.
 """
 
@@ -36,7 +36,7 @@ def triangle_product(a: Tensor, b: Tensor, direction: Direction) -> Tensor:
     return torch.einsum(_PRODUCT_EQUATION[direction], a, b)
 
 
-def triangle_multiplicative_update(
+def triangle_multiplication(
     x: Tensor,
     direction: Direction,
     mask: Tensor,
@@ -55,7 +55,7 @@ def triangle_multiplicative_update(
     return with_residual(x, update, residual_out)
 
 
-kernels.register_reference("triangle_multiplication", triangle_multiplicative_update)
+kernels.register_reference("triangle_multiplication", triangle_multiplication)
 
 # Above this many tokens the update runs by_rows. cuEquivariance's fused op is ~4x faster but holds
 # about 8 pair-sized compute-dtype temporaries: measured on the H200 (128 channels), 2.0 GiB at 1,024
@@ -67,14 +67,14 @@ ROW_BLOCKED_TOKENS = 4096
 ROW_BLOCK_PAIRS = 1 << 18
 
 
-def triangle_multiplicative_update_by_rows(
+def triangle_multiplication_by_rows(
     x: Tensor,
     direction: Direction,
     mask: Tensor,
     weights: TriangleMultiplicationWeights,
     rows: int | None = None,
 ) -> Tensor:
-    """`triangle_multiplicative_update` by blocks of `rows` token rows (default: ROW_BLOCK_PAIRS pairs).
+    """`triangle_multiplication` by blocks of `rows` token rows (default: ROW_BLOCK_PAIRS pairs).
 
     The gated edges a, b are written block by block into two (B, D, N, N) tensors in the compute
     dtype, laid out so the edge product is one batched matrix product per channel whose left operand
@@ -148,7 +148,7 @@ class _TriangleMultiplication(nn.Module):
             self.norm_in.eps,
         )
         if x.shape[1] > ROW_BLOCKED_TOKENS:
-            update = triangle_multiplicative_update_by_rows(x, self.direction, mask, weights)
+            update = triangle_multiplication_by_rows(x, self.direction, mask, weights)
             return with_residual(x, update, residual_out)
         return kernels.dispatch("triangle_multiplication", x, self.direction, mask, weights, residual_out=residual_out)
 

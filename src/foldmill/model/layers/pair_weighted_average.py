@@ -6,7 +6,7 @@ over j, shared by all MSA rows) and averages the projected MSA values of row s w
 gated by the MSA itself. Parameter names (norm_m, norm_z, proj_m, proj_g, proj_z, proj_o)
 match the Boltz-2 checkpoint.
 
-`gated_pair_average` (the average and its gate, after the projections and the softmax) is the
+`pair_weighted_average` (the average and its gate, after the projections and the softmax) is the
 reference of the "pair_weighted_average" op of foldmill.kernels, which a fused kernel replaces on
 the GPU.
 """
@@ -21,7 +21,7 @@ from foldmill import kernels
 from foldmill.model.layers.layer_norm import LayerNorm
 
 
-def gated_pair_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
+def pair_weighted_average(weights: Tensor, values: Tensor, gate: Tensor) -> Tensor:
     """weights: (B, H, N, N) softmax over j; values, gate: (B, S, N, H * D) -> (B, S, N, H * D):
     sigmoid(gate) * the average of each head's values over tokens j."""
     batch, msa_rows, tokens, width = values.shape
@@ -70,4 +70,4 @@ class PairWeightedAveraging(nn.Module):
 
 
 # The plain PyTorch implementations the kernel registry runs where no backend applies.
-kernels.register_reference("pair_weighted_average", gated_pair_average)
+kernels.register_reference("pair_weighted_average", pair_weighted_average)
