@@ -8,12 +8,17 @@ CUDA-graph replay are in test_kernels_gpu.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error, run_interpreted, sm90_shared_memory
+from kernel_testing import (
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    relative_error,
+    run_interpreted,
+    serve_cases,
+    sm90_shared_memory,
+    through_backend,
+)
 from torch.nn import functional as F
 
 from foldmill import kernels
@@ -161,23 +166,18 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             assert shared <= H100_SHARED_MEMORY_BYTES, (dim, config, shared)
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
     from foldmill.kernels.transition.triton_kernel import candidates, fused_transition
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        x, w, dtype = case["x"], case["weights"], getattr(torch, case["dtype"].removeprefix("torch."))
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = kernels.call_backend("transition", "triton", x, **w)
-            continue
-        block_d = triton_support.padded_width(x.shape[-1])
-        block_o = triton_support.padded_width(w["fc3_weight"].shape[0])
-        config = None if case["config"] is None else candidates(block_d, block_o)[case["config"]]
-        outputs[case["name"]] = fused_transition(x, *w.values(), 1e-5, dtype, config)
-    torch.save(outputs, outputs_path)
+    x, w = case["x"], case["weights"]
+    if case["via"] == "backend":
+        return through_backend("transition", dtype, x, **w)
+    block_d = triton_support.padded_width(x.shape[-1])
+    block_o = triton_support.padded_width(w["fc3_weight"].shape[0])
+    config = None if case["config"] is None else candidates(block_d, block_o)[case["config"]]
+    return fused_transition(x, *w.values(), 1e-5, dtype, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case)

@@ -15,18 +15,16 @@ Rows without any valid key (padding) only need finite values; the others are com
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
+    through_backend,
 )
 
 from foldmill import kernels
@@ -253,24 +251,17 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
                 assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], config
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    patch_interpreter_for_numpy_2_4()
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
     from foldmill.kernels.triangle_attention.triton_kernel import BlockConfig, flash_triangle_attention
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        q, k, v, bias, mask = case["inputs"]
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, case["scale"])
-            continue
-        config = None if case["config"] is None else BlockConfig(*case["config"])
-        outputs[case["name"]] = flash_triangle_attention(
-            q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"], gate=case.get("gate")
-        )
-    torch.save(outputs, outputs_path)
+    q, k, v, bias, mask = case["inputs"]
+    if case["via"] == "backend":
+        return through_backend("triangle_attention", dtype, q, k, v, bias, mask, case["scale"])
+    config = None if case["config"] is None else BlockConfig(*case["config"])
+    return flash_triangle_attention(
+        q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"], gate=case.get("gate")
+    )
 
 
 # ---- GPU (run on the H200; skipped without CUDA by conftest's gpu marker) ----
@@ -367,4 +358,4 @@ def test_flash_kernel_replays_in_a_cuda_graph():
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

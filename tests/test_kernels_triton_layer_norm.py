@@ -5,9 +5,6 @@ GPU parity is in test_kernels_gpu.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from kernel_testing import (
@@ -16,6 +13,7 @@ from kernel_testing import (
     local_memory_instructions,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
 )
 from torch.nn import functional as F
@@ -183,21 +181,16 @@ def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel."""
     from foldmill.kernels.layer_norm.triton_kernel import fused_layer_norm, fused_layer_norm_heads
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        if "head_weight" in case:
-            outputs[case["name"]] = fused_layer_norm_heads(
-                case["x"], case["weight"], case["bias"], 1e-5, case["head_weight"], dtype, case["keep_normed"]
-            )
-        else:
-            outputs[case["name"]] = fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
-    torch.save(outputs, outputs_path)
+    if "head_weight" in case:
+        return fused_layer_norm_heads(
+            case["x"], case["weight"], case["bias"], 1e-5, case["head_weight"], dtype, case["keep_normed"]
+        )
+    return fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case)

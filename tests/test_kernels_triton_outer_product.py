@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from kernel_testing import (
@@ -21,10 +18,11 @@ from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     assert_gpu_backend_parity,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_shared_memory,
+    through_backend,
 )
 
 from foldmill import kernels
@@ -152,24 +150,17 @@ def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
     )
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
-    patch_interpreter_for_numpy_2_4()
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
     from foldmill.kernels.outer_product_mean.triton_kernel import CONFIGS, outer_product_sum
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        a, b, mask, weight, bias = case["inputs"]
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), torch.no_grad():
-                outputs[case["name"]] = kernels.call_backend("outer_product_mean", "triton", a, b, mask, weight, bias)
-            continue
-        config = None if case["config"] is None else CONFIGS[case["config"]]
-        start, count = case["rows"]
-        outputs[case["name"]] = outer_product_sum(a, b, start, count, dtype, config)
-    torch.save(outputs, outputs_path)
+    a, b, mask, weight, bias = case["inputs"]
+    if case["via"] == "backend":
+        return through_backend("outer_product_mean", dtype, a, b, mask, weight, bias, autocast=dtype != torch.float32)
+    config = None if case["config"] is None else CONFIGS[case["config"]]
+    start, count = case["rows"]
+    return outer_product_sum(a, b, start, count, dtype, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from kernel_testing import (
@@ -21,9 +18,9 @@ from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     local_memory_instructions,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
 )
 
@@ -229,20 +226,15 @@ def test_backend_agrees_with_cuequivariance_on_the_gpu(direction):
     assert errors["triton"] <= BF16_TOL and errors["triton"] <= 1.5 * errors["cueq"], errors
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernels."""
-    patch_interpreter_for_numpy_2_4()
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernels."""
     from foldmill.kernels.triangle_multiplication.triton_kernel import BlockConfig, fused_update
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        x, mask, *weights = case["inputs"]
-        config = None if case["config"] is None else BlockConfig(*case["config"])
-        residual_out = x.clone() if case["residual"] else None
-        outputs[case["name"]] = fused_update(x, case["direction"], mask, weights, 1e-5, dtype, residual_out, config)
-    torch.save(outputs, outputs_path)
+    x, mask, *weights = case["inputs"]
+    config = None if case["config"] is None else BlockConfig(*case["config"])
+    residual_out = x.clone() if case["residual"] else None
+    return fused_update(x, case["direction"], mask, weights, 1e-5, dtype, residual_out, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)
