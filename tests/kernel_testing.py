@@ -3,8 +3,7 @@ a test file's cases under Triton's CPU interpreter.
 
 The interpreter needs TRITON_INTERPRET=1 before triton is imported, which would turn every Triton
 kernel of the test process into its interpreted form, so the kernel runs in a child process: the
-test file run as a script (its `__main__` calls its own `_run_cases(cases, outputs)`) on inputs the
-test writes.
+test file run as a script (its `__main__` calls `serve_cases(its _run_case)`) on inputs the test writes.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,30 @@ def run_interpreted(test_file: str, cases: list[dict[str, Any]], directory: Path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(outputs_path, weights_only=True)
+
+
+def case_dtype(case: dict[str, Any]) -> torch.dtype:
+    """A case's compute dtype, saved by name ("torch.bfloat16")."""
+    return getattr(torch, case["dtype"].removeprefix("torch."))
+
+
+def serve_cases(run_case: Callable[[dict[str, Any], torch.dtype], Any], patch_numpy: bool = False) -> None:
+    """The child process of `run_interpreted` (a test file's `__main__`, TRITON_INTERPRET=1): runs
+    `run_case(case, its dtype)` on every case saved at sys.argv[1] and saves the outputs, by case name, at
+    sys.argv[2]. `patch_numpy`: patch_interpreter_for_numpy_2_4 first."""
+    if patch_numpy:
+        patch_interpreter_for_numpy_2_4()
+    outputs = {case["name"]: run_case(case, case_dtype(case)) for case in torch.load(sys.argv[1], weights_only=True)}
+    torch.save(outputs, sys.argv[2])
+
+
+def through_backend(op: str, dtype: torch.dtype, *args: Any, autocast: bool = True, **kwargs: Any) -> Any:
+    """The op's Triton backend as the registry runs it (its reference where it does not apply), under CPU
+    autocast to `dtype` and without autograd."""
+    from foldmill import kernels
+
+    with torch.autocast("cpu", dtype=dtype, enabled=autocast), torch.no_grad():
+        return kernels.call_backend(op, "triton", *args, **kwargs)
 
 
 def patch_interpreter_for_numpy_2_4() -> None:
@@ -112,19 +135,19 @@ def local_memory_instructions(compiled: Any, directory: Path) -> int | None:
     return sum(1 for line in sass.splitlines() if " LDL" in line or " STL" in line)
 
 
-def assert_gpu_backend_parity(op: str, reference: Any, backend: Any, inputs: tuple, expected: torch.Tensor) -> None:
-    """A Triton backend (`backend`, the function registered for `op`) on the GPU against `expected`
+def assert_gpu_backend_parity(op: str, reference: Any, inputs: tuple, expected: torch.Tensor) -> None:
+    """The Triton backend of `op` on the GPU against `expected`
     (float64 math): called directly on fp32 inputs, exact (FP32_TOL; the registry routes fp32 to the
     reference); through the registry under bf16 autocast, in bf16, within BF16_TOL and no worse than
     1.5x the reference's own bf16 error."""
     from foldmill import kernels
 
     with torch.no_grad():
-        assert relative_error(backend(*inputs), expected) <= FP32_TOL
+        assert relative_error(kernels.call_backend(op, "triton", *inputs), expected) <= FP32_TOL
     kernels.reset_counts()
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
         with kernels.kernel_policy(force={op: "triton"}):
-            out = kernels.dispatch(op, reference, *inputs)
+            out = kernels.dispatch(op, *inputs)
         reference_out = reference(*inputs)
     assert kernels.chosen_counts() == {f"{op}/triton": 1}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape

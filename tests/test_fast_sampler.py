@@ -1,4 +1,4 @@
-"""The fast path's sampler (foldmill.model.fast_sampler): its sync-free rotation is the SVD's, and
+"""The fast path's sampler (foldmill.fastpath.sampler): its sync-free rotation is the SVD's, and
 drawing random numbers ahead in blocks gives the same samples as drawing them step by step."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import torch
 from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run fastest on one thread)
 
 from foldmill.bench._inputs import BenchInput, featurize_input
-from foldmill.model import Boltz2Config, InferenceRecipe, demo_model, fast_sampler
+from foldmill.fastpath import sampler as fast_sampler
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
+from foldmill.model import Boltz2Config, InferenceRecipe, demo_model
 from foldmill.model.diffusion import kabsch_rotation, quaternion_rotation, random_rotations, weighted_rigid_align
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
 
 def kabsch_float64(covariance: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""The restructured score model (foldmill.model.fast_score) computes DiffusionModule.forward:
+"""The restructured score model (foldmill.fastpath.score) computes DiffusionModule.forward:
 fp32 on the CPU against the module (padding tokens, two records, atoms not laid out by token),
 its routed ops against their definitions, their Triton kernels under the interpreter (skipped
-without triton) and on the GPU, and the bf16 model on the GPU at the released architecture."""
+without triton) and on the GPU, and the bf16 model on the GPU at the published architecture."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run fastest on one thread)
 from torch.nn import functional as F
 
 from foldmill.bench._inputs import BenchInput, featurize_input, load_features
+from foldmill.fastpath.padding import pad_token_features
+from foldmill.fastpath.score import FastScoreModel, token_mean
 from foldmill.features.featurize import stack_featurized
-from foldmill.kernels.padding import pad_token_features
 from foldmill.model import Boltz2Config, demo_model
 from foldmill.model.atom_attention import mean_atoms_per_token
 from foldmill.model.diffusion_transformer import AdaLN, SwiGLU
-from foldmill.model.fast_score import FastScoreModel, token_mean
 from foldmill.model.layers import modulation
-from kernel_testing import HAS_TRITON, relative_error, run_interpreted
 
 
 @pytest.fixture(scope="module")
@@ -180,18 +180,20 @@ def check_kernel_outputs(cases: list[dict], outputs: dict) -> None:
 
 
 def run_kernels(cases: list[dict], device: str) -> dict:
-    from foldmill.kernels import triton_modulation_kernel as kernel
+    from foldmill.kernels.adaptive_layer_norm import triton_kernel as kernel
+    from foldmill.kernels.swiglu_product import triton_kernel as swiglu_kernel
+    from foldmill.kernels.token_mean import triton_kernel as token_mean_kernel
 
     outputs = {}
     for case in cases:
         on = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in case.items()}
         if case["name"] == "token_mean":
-            outputs["token_mean"] = kernel.token_mean(on["x"], on["starts"], on["inverse"], on["samples"], on["most"])
+            outputs["token_mean"] = token_mean_kernel.token_mean(on["x"], on["starts"], on["inverse"], on["samples"], on["most"])
         else:
             outputs[case["name"] + "/adaln"] = kernel.adaptive_layer_norm(
                 on["a"], on["scale"], on["shift"], on["samples"], 1e-5
             )
-            outputs[case["name"] + "/swiglu"] = kernel.swiglu_product(on["h"])
+            outputs[case["name"] + "/swiglu"] = swiglu_kernel.swiglu_product(on["h"])
             a = on["a"].clone()
             outputs[case["name"] + "/residual_adaln"] = kernel.adaptive_layer_norm(
                 a, on["scale"], on["shift"], on["samples"], 1e-5, gate=on["gate"], update=on["update"]
@@ -214,14 +216,14 @@ def test_kernels_on_the_gpu():
 
 @pytest.mark.gpu
 def test_bf16_restructured_score_model_on_the_gpu():
-    """Released architecture, ~300 tokens with padding: the restructured bf16 score model is as close to
+    """Published architecture, ~300 tokens with padding: the restructured bf16 score model is as close to
     the fp32 module as the bf16 module is (foldmill bench score measures the same at other sizes)."""
     from foldmill.bench.score import _trunk_like
+    from foldmill.fastpath.cuda_graphs import GraphedCall
+    from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
     from foldmill.kernels import kernel_policy
-    from foldmill.kernels.cuda_graphs import GraphedCall
     from foldmill.model import Boltz2
     from foldmill.model.demo import randomize_weights
-    from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
     device = torch.device("cuda")
     with torch.device(device):

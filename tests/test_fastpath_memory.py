@@ -11,10 +11,11 @@ import torch
 from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run fastest on one thread)
 
 from foldmill.bench._inputs import BenchInput, featurize_input
-from foldmill.kernels.cuda_graphs import GraphedCall
+from foldmill.fastpath.cuda_graphs import GraphedCall
+from foldmill.fastpath.prepare import low_precision_network, low_precision_score_model
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model import Boltz2Config, demo_model
-from foldmill.model.token_rows import by_token_rows, rows_per_block
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions, low_precision_network, low_precision_score_model
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +154,8 @@ def test_fast_path_graphs_copy_only_the_noisy_coordinates_and_noise_level(model)
 def test_predict_by_small_row_blocks_equals_unblocked_bitwise(model, features, monkeypatch):
     """Every row-blocked stage (the trunk's pair embedding, conditioning, the confidence embedding and
     metrics), in a whole fp32 prediction, with blocks of 2 token rows: the same outputs, bit for bit."""
+    from foldmill.kernels import token_rows
     from foldmill.model import InferenceRecipe
-    from foldmill.model import token_rows
 
     recipe = InferenceRecipe(recycling_steps=0, sampling_steps=2, diffusion_samples=2, max_parallel_samples=2, seed=3)
     tokens = features["token_pad_mask"].shape[1]

@@ -15,15 +15,14 @@ import pytest
 import torch
 
 from foldmill.errors import FoldmillError, InputError
-from foldmill.features import FeaturizedTarget, StagedInputs, featurize, stack_featurized
-from foldmill.features import ccd
+from foldmill.features import FeaturizedTarget, StagedInputs, ccd, featurize, stack_featurized
 from foldmill.features.msa_features import ChainMSA, pair_rows
 from foldmill.features.residues import STANDARD_ATOMS
-from foldmill.features.vocab import TOKEN_ID
 from foldmill.io.targets import Entity, Modification, Target, Template
 from foldmill.msa.types import MSA
 from foldmill.templates.align import align_template
 from foldmill.templates.structure import read_template
+from foldmill.vocab import TOKEN_ID
 
 OSS_SPECS = Path(__file__).parent / "data" / "oss_feature_specs"  # names, shapes, dtypes of OSS model inputs
 TRP_CAGE = "NLYIQWLKDGGPSSGRPPPS"

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from foldmill import kernels
-from foldmill.kernels import crossover, cueq, registry, sdpa
+from foldmill.kernels import crossover, cueq, registry
+from foldmill.kernels.attention_pair_bias import sdpa as pair_bias_sdpa
 from foldmill.kernels.registry import REFERENCE, Backend, KernelPolicy, OpSpec
-from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
-from foldmill.model.layers.triangle_attention import TriangleAttentionStartingNode, triangle_attention_core
+from foldmill.kernels.triangle_attention import sdpa
+from foldmill.model.layers.attention_pair_bias import attention_pair_bias
+from foldmill.model.layers.triangle_attention import TriangleAttentionStartingNode, triangle_attention
 
 FP32_TOL = 1e-5
 
@@ -46,7 +48,7 @@ def test_candidate_order_follows_the_measured_table_on_cuda():
     policy = KernelPolicy()
     trimul_small = registry.candidate_order("triangle_multiplication", "cuda", "sm_90", torch.bfloat16, 256, policy)
     trimul_large = registry.candidate_order("triangle_multiplication", "cuda", "sm_90", torch.bfloat16, 1024, policy)
-    # foldmill's Triton triangle multiplication measured fastest at every size (session 11); below ~450
+    # foldmill's Triton triangle multiplication measured fastest at every size; below ~450
     # tokens the reference beat cuEquivariance's.
     assert trimul_small[:2] == ["triton", REFERENCE] and trimul_large[:2] == ["triton", "cueq"]
     # foldmill's Triton flash triangle attention measured fastest at every size (2026-12-01, after its
@@ -83,15 +85,15 @@ def test_cuequivariance_degrades_cleanly_without_its_ops():
     with kernels.kernel_policy(force={"triangle_attention": "cueq"}):
         # cueq is CUDA-only: on CPU the forced choice falls back to the reference.
         assert kernels.select("triangle_attention", q, q.shape[-2]) == REFERENCE
-        out = kernels.dispatch("triangle_attention", triangle_attention_core, q, k, v, bias, mask, scale)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, scale), rtol=0, atol=0)
+        out = kernels.dispatch("triangle_attention", q, k, v, bias, mask, scale)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, scale), rtol=0, atol=0)
 
 
 def test_sdpa_triangle_attention_matches_reference_fp32():
     q, k, v, bias, mask, scale = triangle_inputs()
     assert (
         relative_error(
-            sdpa.triangle_attention(q, k, v, bias, mask, scale), triangle_attention_core(q, k, v, bias, mask, scale)
+            sdpa.triangle_attention(q, k, v, bias, mask, scale), triangle_attention(q, k, v, bias, mask, scale)
         )
         <= FP32_TOL
     )
@@ -102,26 +104,25 @@ def test_sdpa_pair_bias_attention_matches_reference_fp32():
     q, k, v = (torch.randn(3, 10, 4, 16, generator=generator) for _ in range(3))
     bias = torch.randn(3, 4, 10, 10, generator=generator)
     mask = (torch.rand(3, 10, generator=generator) > 0.2).float()
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
-    assert relative_error(sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
+    assert relative_error(pair_bias_sdpa.attention_pair_bias(q, k, v, bias, mask, 1e6), expected) <= FP32_TOL
 
 
 def test_pair_bias_attention_triton_backend_defers_where_the_kernel_does_not_apply():
     """Autograd recording, or heads wider than the flash kernel's 64: SDPA's backend runs instead."""
-    from foldmill.kernels import triton_triangle_attention
 
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 9, 4, 24, generator=generator) for _ in range(3))
     bias = torch.randn(2, 4, 9, 9, generator=generator)
     mask = (torch.rand(2, 9, generator=generator) > 0.2).float()
     q.requires_grad_()
-    out = triton_triangle_attention.attention_with_pair_bias(q, k, v, bias, mask, 1e6)
-    assert torch.equal(out, sdpa.attention_with_pair_bias(q, k, v, bias, mask, 1e6))
+    out = kernels.call_backend("attention_pair_bias", "triton", q, k, v, bias, mask, 1e6)
+    assert torch.equal(out, pair_bias_sdpa.attention_pair_bias(q, k, v, bias, mask, 1e6))
     out.sum().backward()
     assert q.grad is not None
     wide = [torch.randn(1, 5, 2, 96, generator=generator) for _ in range(3)]
-    out = triton_triangle_attention.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
-    assert torch.equal(out, sdpa.attention_with_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
+    out = kernels.call_backend("attention_pair_bias", "triton", *wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6)
+    assert torch.equal(out, pair_bias_sdpa.attention_pair_bias(*wide, bias[:1, :2, :5, :5], mask[:1, :5], 1e6))
 
 
 def test_modules_route_through_the_registry():
@@ -148,10 +149,10 @@ def test_load_backends_imports_only_the_backends_the_registry_picks_first(monkey
         return Backend(name, lambda x: x, frozenset({"cuda"}), dtypes, lambda: checked.append(name) is None and available)
 
     backends = (backend("gone", False), backend("first", True), backend("second", True))
-    registry.register_op("probe_op", OpSpec(tokens=lambda x: x.shape[0], backends=backends))
-    monkeypatch.setattr(registry, "_arch", lambda device: "sm_test")  # no measured table: the default order
     # The fp16 order is not the runner's (fp32 here): it must not be consulted.
-    monkeypatch.setitem(registry.DEFAULT_ORDERS, "probe_op", {"float32": ["gone", "first", "second"], "float16": ["second"]})
+    order = {"float32": ["gone", "first", "second"], "float16": ["second"]}
+    registry.register_op("probe_op", OpSpec(tokens=lambda x: x.shape[0], backends=backends, default_order=order))
+    monkeypatch.setattr(registry, "_arch", lambda device: "sm_test")  # no measured table: the default order
     try:
         loaded = kernels.load_backends("cuda", [torch.float32])
         on_cpu = kernels.load_backends("cpu", [torch.float32])
@@ -178,8 +179,10 @@ def fake_op():
             backends=(Backend("fake", backend, frozenset({"cpu"}), frozenset({torch.float32})),),
         ),
     )
+    registry.register_reference("fake_op", lambda t: t * 2)
     yield behaviour
     registry._ops.pop("fake_op")
+    registry._references.pop("fake_op")
     registry._retired.pop(("fake_op", "fake"), None)
     registry._choices.clear()
 
@@ -189,17 +192,17 @@ def test_backend_that_cannot_run_is_retired_with_one_warning(fake_op):
     x = torch.ones(3)
     with kernels.kernel_policy(force={"fake_op": "fake"}):
         with pytest.warns(RuntimeWarning, match="fake_op/fake unavailable"):
-            assert kernels.dispatch("fake_op", lambda t: t * 2, x).tolist() == [2.0, 2.0, 2.0]
+            assert kernels.dispatch("fake_op", x).tolist() == [2.0, 2.0, 2.0]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # retired: no second warning, straight to the reference
-            assert kernels.dispatch("fake_op", lambda t: t * 2, x).tolist() == [2.0, 2.0, 2.0]
+            assert kernels.dispatch("fake_op", x).tolist() == [2.0, 2.0, 2.0]
     assert "fake_op/fake" in kernels.retired_backends()
 
 
 def test_backend_errors_that_are_bugs_propagate(fake_op):
     fake_op["error"] = ValueError("shape mismatch")
     with kernels.kernel_policy(force={"fake_op": "fake"}), pytest.raises(ValueError, match="shape mismatch"):
-        kernels.dispatch("fake_op", lambda t: t, torch.ones(2))
+        kernels.dispatch("fake_op", torch.ones(2))
 
 
 def test_table_from_timings_places_switches_between_measured_sizes():

@@ -1,4 +1,4 @@
-"""foldmill.model.fastpath on CPU: the fast runner computes Boltz2.predict's function; padding, precision copy,
+"""foldmill.fastpath.runner on CPU: the fast runner computes Boltz2.predict's function; padding, precision copy,
 and the benchmark's helpers. (CUDA graphs and bf16 kernels are covered on the GPU by test_kernels_gpu.py.)"""
 
 from __future__ import annotations
@@ -10,15 +10,11 @@ from oss_oracle import one_torch_thread  # noqa: F401 - fixture (tiny models run
 from foldmill.bench._inputs import BenchInput, load_features, parse_inputs, save_features
 from foldmill.bench.forward import coordinate_rmsd, geomean, speedups
 from foldmill.errors import FoldmillError
-from foldmill.kernels.padding import OUTPUT_TOKEN_AXES, crop_token_outputs, pad_token_features
+from foldmill.fastpath.padding import OUTPUT_TOKEN_AXES, crop_token_outputs, pad_token_features
+from foldmill.fastpath.prepare import FP32_SCORE_LAYERS, low_precision_score_model
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.model import Boltz2Config, InferenceRecipe, demo_model
 from foldmill.model.diffusion import random_rotations
-from foldmill.model.fastpath import (
-    FP32_SCORE_LAYERS,
-    FastBoltz2,
-    FastPathOptions,
-    low_precision_score_model,
-)
 
 RECIPE = InferenceRecipe(recycling_steps=1, sampling_steps=3, diffusion_samples=3, max_parallel_samples=2, seed=5)
 
@@ -51,7 +47,7 @@ def max_relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 
 def test_fp32_fast_path_equals_predict(model, features):
     """Kernels off: the same computation, bitwise. Kernels on (the restructured score model,
-    foldmill.model.fast_score): the same function, equal up to fp32 rounding."""
+    foldmill.fastpath.score): the same function, equal up to fp32 rounding."""
     expected = model.predict(copy_of(features), RECIPE)
     reference = FastBoltz2(model, FastPathOptions(precision="fp32", pad_tokens_to=1, kernels=False))
     out = reference.predict(copy_of(features), RECIPE)
@@ -150,30 +146,31 @@ def test_speedup_summary():
 
 
 def test_low_precision_network_is_a_bf16_copy_that_leaves_the_model_alone(model):
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm, low_precision_network
+    from foldmill.fastpath.prepare import low_precision_network
+    from foldmill.model.layers.layer_norm import LayerNorm
     from foldmill.model.layers.triangle_multiplication import TriangleMultiplicationOutgoing
 
     copy = low_precision_network(model, torch.bfloat16)
     assert copy.state_dict().keys() == model.state_dict().keys()  # same names, loadable both ways
     assert copy.structure_module.score_model is model.structure_module.score_model  # shared, not copied
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert all(type(m) is torch.nn.LayerNorm for m in model.modules() if isinstance(m, torch.nn.LayerNorm))
+    assert not any(getattr(m, "in_compute_dtype", False) for m in model.modules())  # the model's norms as they were
     trimul = next(m for m in copy.modules() if isinstance(m, TriangleMultiplicationOutgoing))
     assert trimul.p_in.weight.dtype == torch.float32  # cuEquivariance reads these itself
     assert copy.pairformer_module.layers[0].attention.proj_q.weight.dtype == torch.bfloat16
     norm = copy.pairformer_module.layers[0].pre_norm_s
-    assert isinstance(norm, ComputeDtypeLayerNorm) and norm.weight.dtype == torch.float32
+    assert isinstance(norm, LayerNorm) and norm.in_compute_dtype and norm.weight.dtype == torch.float32
 
 
 def test_compute_dtype_layer_norm_matches_fp32_norm_rounded_once():
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import LayerNorm
 
-    norm = torch.nn.LayerNorm(16)
+    norm = LayerNorm(16)
     torch.nn.init.normal_(norm.weight)
     torch.nn.init.normal_(norm.bias)
     x = torch.randn(3, 5, 16) * 4 + 1
     expected = norm(x)
-    norm.__class__ = ComputeDtypeLayerNorm
+    norm.in_compute_dtype = True
     with torch.autocast("cpu", dtype=torch.bfloat16):
         from_fp32 = norm(x)
         from_bf16 = norm(x.bfloat16())
@@ -183,10 +180,10 @@ def test_compute_dtype_layer_norm_matches_fp32_norm_rounded_once():
     assert torch.equal(norm(x), expected)  # outside autocast: the plain fp32 LayerNorm
     # The op itself takes fp32 weights for a compute-dtype input too (cast to it), as the row-blocked
     # triangle multiplication passes them: the same result as weights cast beforehand.
-    from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
+    from foldmill.model.layers.layer_norm import layer_norm
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        cast_inside = layer_norm_in_compute_dtype(x.bfloat16(), norm.weight, norm.bias, norm.eps)
+        cast_inside = layer_norm(x.bfloat16(), norm.weight, norm.bias, norm.eps)
     assert torch.equal(cast_inside, from_bf16)
 
 
@@ -236,7 +233,7 @@ def test_shared_pair_bias_is_broadcast_and_equals_the_repeated_bias():
 
 
 def test_graphed_pairformer_runs_the_stack_eagerly_off_cuda(model, features):
-    from foldmill.model.fastpath import GraphedPairformer
+    from foldmill.fastpath.prepare import GraphedPairformer
 
     default = FastBoltz2(model).network.confidence_module.pairformer_stack
     assert not isinstance(default, GraphedPairformer)  # confidence graphs are off by default

@@ -8,21 +8,22 @@ import math
 
 import pytest
 import torch
+from kernel_testing import relative_error
 
 from foldmill import kernels
-from foldmill.kernels import cueq, triton_support, triton_transition
-from foldmill.kernels.cuda_graphs import GraphedCall
-from foldmill.model.layers.attention_pair_bias import attention_with_pair_bias
+from foldmill.fastpath.cuda_graphs import GraphedCall
+from foldmill.kernels import cueq, triton_support
+from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights
+from foldmill.model.layers import triangle_attention as triangle_attention_layer
+from foldmill.model.layers.attention_pair_bias import attention_pair_bias
 from foldmill.model.layers.transition import Transition, transition
-from foldmill.model.layers import triangle_attention
-from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention_core
+from foldmill.model.layers.triangle_attention import TriangleAttention, add_projection, triangle_attention
 from foldmill.model.layers.triangle_multiplication import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
-    triangle_multiplicative_update,
-    triangle_multiplicative_update_by_rows,
+    triangle_multiplication,
+    triangle_multiplication_by_rows,
 )
-from kernel_testing import relative_error
 
 pytestmark = pytest.mark.gpu
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
@@ -67,13 +68,13 @@ def test_triangle_attention_backends(n, dtype):
     mask1d = token_mask(n, n - 5, n)
     mask = (mask1d[:, :, None] * mask1d[:, None, :]).bool()[:, :, None, None, :]
     scale = 1 / math.sqrt(32)
-    expected = triangle_attention_core(q, k, v, bias, mask, scale)[:, : n - 5]  # real rows
+    expected = triangle_attention(q, k, v, bias, mask, scale)[:, : n - 5]  # real rows
     names = backends_to_test("triangle_attention", dtype)
     assert "sdpa" in names
     for name in names:
         with kernels.kernel_policy(force={"triangle_attention": name}):
             args = (q.to(dtype), k.to(dtype), v.to(dtype), bias.to(dtype), mask, scale)
-            out = kernels.dispatch("triangle_attention", triangle_attention_core, *args)[:, : n - 5]
+            out = kernels.dispatch("triangle_attention", *args)[:, : n - 5]
         tolerance = FP32_TOL if dtype == torch.float32 else BF16_TOL
         assert relative_error(out, expected) <= tolerance, name
 
@@ -107,11 +108,11 @@ def test_pair_bias_attention_on_the_flash_kernel_matches_the_fp32_math(batch, he
     q, k, v = (torch.randn(batch, n, heads, head_dim, device=CUDA, generator=g) for _ in range(3))
     bias = 2 * torch.randn(batch, heads, n, n, device=CUDA, generator=g)
     mask = torch.stack([(torch.arange(n, device=CUDA) < n - 7 - 30 * b).float() for b in range(batch)])
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         kernels.reset_counts()
         with kernels.kernel_policy(force={"attention_pair_bias": "triton"}):
-            out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, 1e6)
+            out = kernels.dispatch("attention_pair_bias", q, k, v, bias, mask, 1e6)
     assert kernels.chosen_counts() == {"attention_pair_bias/triton": 1}
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     assert relative_error(out, expected) <= BF16_TOL
@@ -122,7 +123,7 @@ def test_triangle_attention_module_adds_into_the_pair_by_row_blocks(starting, mo
     """As the fast path runs it: bf16 linears, the fp32 pair as residual_out, the projection in blocks of
     40 rows (each block's flash call reusing the bias folded at the first, its output projection
     accumulating into the pair, or into its transpose for the ending node)."""
-    monkeypatch.setattr(triangle_attention, "PROJECTION_BLOCK_BYTES", 40 * 136 * 512 * 4)  # x: the fp32 LayerNorm
+    monkeypatch.setattr(triangle_attention_layer, "PROJECTION_BLOCK_BYTES", 40 * 136 * 512 * 4)  # x: the fp32 LayerNorm
     n = 136
     module = randomized(TriangleAttention(128, 32, 4, starting=starting), seed=14)
     x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(15))
@@ -185,14 +186,14 @@ def test_triangle_multiplication_by_rows_bf16(direction):
     x = torch.randn(1, n, n, 128, device=CUDA, generator=generator(4))
     mask1d = token_mask(n, n - 3, n)
     pair_mask = mask1d[:, :, None] * mask1d[:, None, :]
-    weights = [
+    weights = TriangleMultiplicationWeights(
         module.norm_in.weight, module.norm_in.bias, module.p_in.weight, module.g_in.weight,
         module.norm_out.weight, module.norm_out.bias, module.p_out.weight, module.g_out.weight,
-    ]
+    )  # fmt: skip
     with torch.no_grad():
-        expected = triangle_multiplicative_update(x, direction, pair_mask, *weights)[:, : n - 3, : n - 3]
+        expected = triangle_multiplication(x, direction, pair_mask, weights)[:, : n - 3, : n - 3]
         with torch.autocast("cuda", torch.bfloat16):
-            out = triangle_multiplicative_update_by_rows(x, direction, pair_mask, *weights, rows=24)
+            out = triangle_multiplication_by_rows(x, direction, pair_mask, weights, rows=24)
     assert out.dtype == torch.bfloat16
     assert relative_error(out[:, : n - 3, : n - 3].float(), expected) <= BF16_TOL
 
@@ -203,11 +204,9 @@ def test_pair_bias_attention_sdpa(dtype):
     q, k, v = (torch.randn(5, 150, 16, 48, device=CUDA, generator=g) for _ in range(3))
     bias = torch.randn(5, 16, 150, 150, device=CUDA, generator=g)
     mask = token_mask(150, 140, 7).expand(5, -1)
-    expected = attention_with_pair_bias(q, k, v, bias, mask, 1e6)
+    expected = attention_pair_bias(q, k, v, bias, mask, 1e6)
     with kernels.kernel_policy(force={"attention_pair_bias": "sdpa"}):
-        out = kernels.dispatch(
-            "attention_pair_bias", attention_with_pair_bias, *(t.to(dtype) for t in (q, k, v, bias)), mask, 1e6
-        )
+        out = kernels.dispatch("attention_pair_bias", *(t.to(dtype) for t in (q, k, v, bias)), mask, 1e6)
     assert relative_error(out, expected) <= (FP32_TOL if dtype == torch.float32 else BF16_TOL)
 
 
@@ -263,7 +262,7 @@ def test_triton_transition_under_autocast(dim, input_dtype):
 def test_triton_transition_every_block_config(dtype):
     """Each autotuning candidate compiles, fits and is right (weights stored in `dtype`, no autocast)."""
     _needs_triton()
-    from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, fused_transition
+    from foldmill.kernels.transition.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, fused_transition
 
     for dim, configs in ((128, NARROW_CONFIGS), (384, WIDE_CONFIGS)):
         module = _transition_module(dim, seed=dim + 2)
@@ -303,12 +302,12 @@ def test_triton_transition_replays_in_a_cuda_graph():
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "bf16"])
 def test_triton_layer_norm_matches_the_fp32_norm(layout):
-    """As ComputeDtypeLayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
+    """As the compute-dtype LayerNorm runs it in the trunk: fp32 pair (or the ending-node transposed view,
     or a bf16 pair) under bf16 autocast -> bf16, through the registry with the Triton backend pinned."""
     _needs_triton()
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
+    from foldmill.model.layers.layer_norm import LayerNorm
 
-    norm = randomized(torch.nn.LayerNorm(128), seed=11)
+    norm = randomized(LayerNorm(128), seed=11)
     norm.weight.data = 1 + 0.2 * norm.weight.data
     z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(12)) * 2 + 0.5
     if layout == "transposed":
@@ -317,7 +316,7 @@ def test_triton_layer_norm_matches_the_fp32_norm(layout):
         z = z.bfloat16()
     with torch.no_grad():
         expected = norm(z.float())
-        norm.__class__ = ComputeDtypeLayerNorm
+        norm.in_compute_dtype = True
         kernels.reset_counts()
         with kernels.kernel_policy(force={"layer_norm": "triton"}), torch.autocast("cuda", torch.bfloat16):
             out = norm(z)
@@ -331,10 +330,9 @@ def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, he
     """As the pair-bias attention (16 heads, no norm kept) and the ending-node triangle attention (the
     transposed view, 4 heads, the norm kept) run it: fp32 pair under bf16 autocast, the Triton backend."""
     _needs_triton()
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
-    from foldmill.model.layers.layer_norm import normed_and_heads
+    from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
-    norm = randomized(torch.nn.LayerNorm(128), seed=13)
+    norm = randomized(LayerNorm(128), seed=13)
     norm.weight.data = 1 + 0.2 * norm.weight.data
     projection = randomized(torch.nn.Linear(128, heads, bias=False), seed=14).to(torch.bfloat16)
     z = torch.randn(1, 301, 301, 128, device=CUDA, generator=generator(15)) * 2 + 0.5
@@ -343,7 +341,7 @@ def test_triton_layer_norm_heads_matches_the_fp32_norm_and_projection(layout, he
     with torch.no_grad():
         expected_normed = norm(z)
         expected = (expected_normed @ projection.weight.float().T).permute(0, 3, 1, 2)
-        norm.__class__ = ComputeDtypeLayerNorm
+        norm.in_compute_dtype = True
         kernels.reset_counts()
         with kernels.kernel_policy(force={"layer_norm_heads": "triton"}), torch.autocast("cuda", torch.bfloat16):
             normed, out = normed_and_heads(norm, projection, z, keep_normed)
@@ -402,8 +400,8 @@ def test_graph_memory_guard_runs_eagerly():
 
 def test_fast_path_on_gpu_graphs_equal_eager(data_dir):
     from foldmill.bench._inputs import load_features
+    from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
     from foldmill.model import Boltz2Config, InferenceRecipe, demo_model
-    from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
     # Featurized with foldmill.bench._inputs (BenchInput((130, 167))): the GPU machine has no CCD.
     feats = load_features(data_dir / "features_130+167.npz", CUDA)

@@ -8,17 +8,23 @@ CUDA-graph replay are in test_kernels_gpu.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from kernel_testing import (
+    H100_SHARED_MEMORY_BYTES,
+    HAS_TRITON,
+    relative_error,
+    run_interpreted,
+    serve_cases,
+    sm90_shared_memory,
+    through_backend,
+)
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.kernels import triton_support, triton_transition
+from foldmill.kernels import triton_support
+from foldmill.kernels.transition import triton as triton_transition
 from foldmill.model.layers.transition import Transition, transition
-from kernel_testing import H100_SHARED_MEMORY_BYTES, HAS_TRITON, relative_error, run_interpreted, sm90_shared_memory
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 
@@ -85,11 +91,11 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     # Too wide for the kernel (the score model's 768-wide conditioner): the reference, triton or not.
     w = weights(768, 96, 768, seed=5)
     x = torch.randn(3, 768, generator=torch.Generator().manual_seed(6))
-    torch.testing.assert_close(triton_transition.transition(x, **w), transition(x, **w), rtol=0, atol=0)
+    torch.testing.assert_close(kernels.call_backend("transition", "triton", x, **w), transition(x, **w), rtol=0, atol=0)
     # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
     w = {name: value.requires_grad_() for name, value in weights(128, 512, 128, seed=7).items()}
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(8))
-    out = triton_transition.transition(x, **w)
+    out = kernels.call_backend("transition", "triton", x, **w)
     out.sum().backward()
     assert w["fc1_weight"].grad is not None and w["fc1_weight"].grad.abs().sum() > 0
 
@@ -145,7 +151,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     and fit in shared memory, else it could never launch on an H100/H200."""
     import triton
 
-    from foldmill.kernels.triton_transition_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _transition_kernel
+    from foldmill.kernels.transition.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _transition_kernel
 
     pointers = {"x_ptr": "*fp32", "out_ptr": "*bf16", "norm_weight_ptr": "*fp32", "norm_bias_ptr": "*fp32"}
     pointers |= {"fc1_ptr": "*bf16", "fc2_ptr": "*bf16", "fc3_ptr": "*bf16"}
@@ -160,23 +166,18 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
             assert shared <= H100_SHARED_MEMORY_BYTES, (dim, config, shared)
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    from foldmill.kernels.triton_transition_kernel import candidates, fused_transition
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
+    from foldmill.kernels.transition.triton_kernel import candidates, fused_transition
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        x, w, dtype = case["x"], case["weights"], getattr(torch, case["dtype"].removeprefix("torch."))
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_transition.transition(x, **w)
-            continue
-        block_d = triton_support.padded_width(x.shape[-1])
-        block_o = triton_support.padded_width(w["fc3_weight"].shape[0])
-        config = None if case["config"] is None else candidates(block_d, block_o)[case["config"]]
-        outputs[case["name"]] = fused_transition(x, *w.values(), 1e-5, dtype, config)
-    torch.save(outputs, outputs_path)
+    x, w = case["x"], case["weights"]
+    if case["via"] == "backend":
+        return through_backend("transition", dtype, x, **w)
+    block_d = triton_support.padded_width(x.shape[-1])
+    block_o = triton_support.padded_width(w["fc3_weight"].shape[0])
+    config = None if case["config"] is None else candidates(block_d, block_o)[case["config"]]
+    return fused_transition(x, *w.values(), 1e-5, dtype, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case)

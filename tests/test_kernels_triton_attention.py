@@ -1,8 +1,8 @@
-"""The Triton flash triangle-attention backend (foldmill.kernels.triton_triangle_attention).
+"""The Triton flash triangle-attention backend (foldmill.kernels.triangle_attention.triton).
 
 - Where the kernel does not apply (autograd recording, head dims other than 16/32/64) the backend
   runs the reference: always tested, triton or not.
-- The kernel's parity with `triangle_attention_core` under Triton's CPU interpreter (skipped where
+- The kernel's parity with `triangle_attention` under Triton's CPU interpreter (skipped where
   triton is not installed, e.g. CI). TRITON_INTERPRET=1 must be set before triton is imported, so
   the kernel runs in a child process (this file run as a script) on inputs the test writes.
 - Every block configuration compiles for sm_90 within its shared memory (no GPU needed).
@@ -15,22 +15,22 @@ Rows without any valid key (padding) only need finite values; the others are com
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from foldmill.kernels import triton_support, triton_triangle_attention
-from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention_core
 from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
+    through_backend,
 )
+
+from foldmill import kernels
+from foldmill.kernels import triton_support
+from foldmill.kernels.triangle_attention import triton as triton_triangle_attention
+from foldmill.model.layers.triangle_attention import GatedAttention, gated_triangle_attention, triangle_attention
 
 BF16_TOL, FP32_TOL = 1e-2, 1e-5
 HEADS = 4
@@ -84,13 +84,13 @@ def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
         assert triton_support.available() is False
     # Head dim 24: not a kernel width, the reference runs (triton or not).
     q, k, v, bias, mask = model_inputs(1, 3, 10, 24, seed=1)
-    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 24**-0.5)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
+    out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 24**-0.5)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, 24**-0.5), rtol=0, atol=0)
     # Autograd recording: the kernel has no backward, so the reference runs and gradients flow.
     q, k, v, bias, mask = model_inputs(1, 3, 10, 32, seed=2)
     q = q.detach().requires_grad_()
-    out = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, 32**-0.5)
-    torch.testing.assert_close(out, triangle_attention_core(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
+    out = kernels.call_backend("triangle_attention", "triton", q, k, v, bias, mask, 32**-0.5)
+    torch.testing.assert_close(out, triangle_attention(q, k, v, bias, mask, 32**-0.5), rtol=0, atol=0)
     out.sum().backward()
     assert q.grad is not None and q.grad.abs().sum() > 0
 
@@ -137,11 +137,11 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
         q, k, v, bias = exact
         mask, scale = low[-1], head_dim**-0.5
         assert not low[0].is_contiguous() and low[0].stride(-1) == 1  # as GatedAttention hands them over
-        expected[name] = triangle_attention_core(q, k, v, bias, mask, scale)
+        expected[name] = triangle_attention(q, k, v, bias, mask, scale)
         valid[name] = valid_rows(mask)
         assert 0 < int(valid[name].sum()) and (rows == 1 or int(valid[name].sum()) < rows)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            reference_bf16 = triangle_attention_core(q, k, v, bias, mask, scale)
+            reference_bf16 = triangle_attention(q, k, v, bias, mask, scale)
         torch_bf16_errors[name] = relative_error(reference_bf16[:, valid[name]], expected[name][:, valid[name]])
         cases.append({"name": name, "inputs": low, "scale": scale, "dtype": str(dtype)})
         cases[-1] |= dict(zip(("config", "group_queries", "via"), case[-4:-1], strict=True))
@@ -161,7 +161,7 @@ def test_flash_kernel_matches_reference_under_the_triton_interpreter(tmp_path):
 def test_masks_fold_the_key_mask_that_rows_share():
     """A token mask's pair mask: every valid row conforms (the folded path), padding rows do not, and
     the shared key bias masks exactly the padding keys; per-row random masks: no row conforms."""
-    from foldmill.kernels.triton_triangle_attention_kernel import MASK_LOGIT, _row_masks, _shared_key_bias
+    from foldmill.kernels.triangle_attention.triton_kernel import MASK_LOGIT, _row_masks, _shared_key_bias
 
     *_, mask = model_inputs(2, 6, 40, 16, seed=3, row_offset=1, token_mask=True)
     shared = _shared_key_bias(mask, 2, 6, 40, torch.bfloat16)
@@ -181,7 +181,7 @@ def test_row_blocks_of_one_bias_share_its_folded_copy():
     """With `prepared`, the bias is folded once, at the first block, and later blocks on the same bias
     reuse that copy; another bias is folded again (`prepared` lives for one module call: its bias is not
     written in between)."""
-    from foldmill.kernels.triton_triangle_attention_kernel import _prepared_bias
+    from foldmill.kernels.triangle_attention.triton_kernel import _prepared_bias
 
     *_, bias, mask = model_inputs(1, 6, 40, 16, seed=4, row_offset=1, token_mask=True)
     prepared: dict = {}
@@ -231,7 +231,7 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as at run time for the model's
     layout (16-divisible pointers and strides, 8-aligned key counts): each autotuning candidate must
     build and fit in shared memory, else it could never launch on an H100/H200."""
-    from foldmill.kernels.triton_triangle_attention_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
+    from foldmill.kernels.triangle_attention.triton_kernel import NARROW_CONFIGS, WIDE_CONFIGS, _attention_kernel
 
     names = _attention_kernel.arg_names
     pointers = {name: "*bf16" for name in names if name.endswith("_ptr")}
@@ -251,24 +251,17 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
                 assert f".maxnreg {config.max_registers}" in compiled.asm["ptx"], config
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_triangle_attention_kernel import BlockConfig, flash_triangle_attention
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
+    from foldmill.kernels.triangle_attention.triton_kernel import BlockConfig, flash_triangle_attention
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        q, k, v, bias, mask = case["inputs"]
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_triangle_attention.triangle_attention(q, k, v, bias, mask, case["scale"])
-            continue
-        config = None if case["config"] is None else BlockConfig(*case["config"])
-        outputs[case["name"]] = flash_triangle_attention(
-            q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"], gate=case.get("gate")
-        )
-    torch.save(outputs, outputs_path)
+    q, k, v, bias, mask = case["inputs"]
+    if case["via"] == "backend":
+        return through_backend("triangle_attention", dtype, q, k, v, bias, mask, case["scale"])
+    config = None if case["config"] is None else BlockConfig(*case["config"])
+    return flash_triangle_attention(
+        q, k, v, bias, mask, case["scale"], dtype, config, case["group_queries"], gate=case.get("gate")
+    )
 
 
 # ---- GPU (run on the H200; skipped without CUDA by conftest's gpu marker) ----
@@ -291,13 +284,13 @@ def test_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     q, k, v, bias, mask = model_inputs(
         1, rows, tokens, 32, seed=tokens, device="cuda", row_offset=2, token_mask=token_mask
     )
-    expected = triangle_attention_core(q, k, v, bias, mask, 32**-0.5)
+    expected = triangle_attention(q, k, v, bias, mask, 32**-0.5)
     low = model_inputs(
         1, rows, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2, token_mask=token_mask
     )
     assert low[0].stride() == q.stride() and not q.is_contiguous()  # strided views of the projection
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        out = triton_triangle_attention.triangle_attention(*low, 32**-0.5)
+        out = kernels.call_backend("triangle_attention", "triton", *low, 32**-0.5)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
     keep = valid_rows(mask)
@@ -316,7 +309,7 @@ def test_gated_flash_kernel_gpu_parity_in_bf16(tokens, token_mask):
     *low, low_gate = model_inputs(1, 24, tokens, 32, seed=tokens, device="cuda", dtype=torch.bfloat16, row_offset=2,
                                   with_gate=True, token_mask=token_mask)  # fmt: skip
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        out = triton_triangle_attention.gated_triangle_attention(*low, 32**-0.5, low_gate, 128)
+        out = kernels.call_backend("gated_triangle_attention", "triton", *low, 32**-0.5, low_gate, 128)
     assert out.shape == expected.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     keep = valid_rows(exact[-1])
     assert relative_error(out[:, keep], expected[:, keep]) <= BF16_TOL
@@ -329,10 +322,10 @@ def test_flash_kernel_every_block_config_on_gpu(head_dim, dtype):
     """Each autotuning candidate (and the autotuned launch) is right, for every supported head dim and
     half dtype (fp16: masked keys get fp16's lowest value, the fully masked row stays finite)."""
     _needs_triton()
-    from foldmill.kernels.triton_triangle_attention_kernel import candidates, flash_triangle_attention
+    from foldmill.kernels.triangle_attention.triton_kernel import candidates, flash_triangle_attention
 
     q, k, v, bias, mask = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda")
-    expected = triangle_attention_core(q, k, v, bias, mask, head_dim**-0.5)
+    expected = triangle_attention(q, k, v, bias, mask, head_dim**-0.5)
     keep = valid_rows(mask)
     low = model_inputs(1, 7, 200, head_dim, seed=head_dim, device="cuda", dtype=dtype)
     for config in (*candidates(head_dim), None):
@@ -348,16 +341,16 @@ def test_flash_kernel_replays_in_a_cuda_graph():
     q, k, v, bias, mask = model_inputs(1, 16, 136, 32, seed=7, device="cuda", dtype=torch.bfloat16)
     other_q = torch.randn_like(q)
     with torch.no_grad():
-        expected = triton_triangle_attention.triangle_attention(other_q, k, v, bias, mask, 32**-0.5)  # tunes
+        expected = kernels.call_backend("triangle_attention", "triton", other_q, k, v, bias, mask, 32**-0.5)  # tunes
         static_q = q.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+            kernels.call_backend("triangle_attention", "triton", static_q, k, v, bias, mask, 32**-0.5)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = triton_triangle_attention.triangle_attention(static_q, k, v, bias, mask, 32**-0.5)
+            static_out = kernels.call_backend("triangle_attention", "triton", static_q, k, v, bias, mask, 32**-0.5)
         static_q.copy_(other_q)
         graph.replay()
     torch.cuda.synchronize()
@@ -365,4 +358,4 @@ def test_flash_kernel_replays_in_a_cuda_graph():
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

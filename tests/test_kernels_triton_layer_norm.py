@@ -5,25 +5,22 @@ GPU parity is in test_kernels_gpu.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from torch.nn import functional as F
-
-from foldmill import kernels
-from foldmill.kernels import triton_layer_norm
-from foldmill.model.layers.layer_norm import layer_norm_in_compute_dtype
 from kernel_testing import (
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     local_memory_instructions,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
 )
+from torch.nn import functional as F
 
+from foldmill import kernels
+from foldmill.kernels.layer_norm import triton as triton_layer_norm
+from foldmill.model.layers.layer_norm import layer_norm
 
 
 def test_cpu_routes_layer_norm_to_the_reference():
@@ -37,9 +34,9 @@ def test_reference_returns_the_compute_dtype_with_fp32_statistics():
     x = torch.randn(4, 6, 32, generator=generator) * 3 + 2
     weight, bias = torch.randn(32, generator=generator), torch.randn(32, generator=generator)
     expected = F.layer_norm(x, (32,), weight, bias, 1e-5)
-    assert torch.equal(layer_norm_in_compute_dtype(x, weight, bias, 1e-5), expected)
+    assert torch.equal(layer_norm(x, weight, bias, 1e-5), expected)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = layer_norm_in_compute_dtype(x, weight, bias, 1e-5)
+        out = layer_norm(x, weight, bias, 1e-5)
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected.bfloat16())
 
 
@@ -71,12 +68,12 @@ def test_row_layout_addresses_every_row(make):
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     weight = torch.randn(16, requires_grad=True)
     x = torch.randn(3, 16)
-    out = triton_layer_norm.layer_norm(x, weight, None, 1e-5)  # autograd recording: reference
+    out = kernels.call_backend("layer_norm", "triton", x, weight, None, 1e-5)  # autograd recording: reference
     out.sum().backward()
     assert weight.grad is not None
     wide = torch.randn(2, 2048)
     torch.testing.assert_close(
-        triton_layer_norm.layer_norm(wide, None, None, 1e-5), F.layer_norm(wide, (2048,)), rtol=0, atol=0
+        kernels.call_backend("layer_norm", "triton", wide, None, None, 1e-5), F.layer_norm(wide, (2048,)), rtol=0, atol=0
     )
 
 
@@ -112,20 +109,19 @@ def test_kernel_matches_the_fp32_reference_under_the_triton_interpreter(tmp_path
 
 @torch.no_grad()
 def test_normed_and_heads_is_the_norm_and_the_projection_heads_first():
-    """Plain modules (the reference model) and the fast path's compute-dtype LayerNorm (its op's reference
-    on the CPU) give the norm and the (B, H, I, J) contiguous projection of it."""
-    from foldmill.model.fastpath import ComputeDtypeLayerNorm
-    from foldmill.model.layers.layer_norm import normed_and_heads
+    """Plain modules (the reference model) and the compute-dtype LayerNorm of an inference copy (its op's
+    reference on the CPU) give the norm and the (B, H, I, J) contiguous projection of it."""
+    from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
     generator = torch.Generator().manual_seed(7)
-    norm, projection = torch.nn.LayerNorm(16), torch.nn.Linear(16, 4, bias=False)
+    norm, projection = LayerNorm(16), torch.nn.Linear(16, 4, bias=False)
     torch.nn.init.normal_(norm.weight, 1.0, 0.3, generator=generator)
     x = torch.randn(2, 5, 6, 16, generator=generator)
     expected_normed = norm(x)
     expected_heads = projection(expected_normed).permute(0, 3, 1, 2)
     normed, heads = normed_and_heads(norm, projection, x)
     assert torch.equal(normed, expected_normed) and torch.equal(heads, expected_heads) and heads.is_contiguous()
-    norm.__class__ = ComputeDtypeLayerNorm
+    norm.in_compute_dtype = True
     none, heads = normed_and_heads(norm, projection, x, keep_normed=False)
     assert none is None and relative_error(heads, expected_heads) <= 1e-6
 
@@ -170,7 +166,7 @@ def test_norm_with_heads_matches_the_fp32_reference_under_the_triton_interpreter
 def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     """Ahead-of-time compilation for sm_90 (no GPU needed), specialised as the trunk calls it (bf16 out,
     16-divisible pointers and strides): it must build, without spilling registers."""
-    from foldmill.kernels.triton_layer_norm_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
+    from foldmill.kernels.layer_norm.triton_kernel import HEAD_BLOCK, _layer_norm_heads_kernel
 
     names = _layer_norm_heads_kernel.arg_names
     pointers = {name: "*fp32" for name in names if name.endswith("_ptr")} | {"head_weight_ptr": "*bf16"}
@@ -185,21 +181,16 @@ def test_norm_with_heads_compiles_for_sm90(keep_normed, tmp_path):
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel, save the outputs."""
-    from foldmill.kernels.triton_layer_norm_kernel import fused_layer_norm, fused_layer_norm_heads
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel."""
+    from foldmill.kernels.layer_norm.triton_kernel import fused_layer_norm, fused_layer_norm_heads
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        if "head_weight" in case:
-            outputs[case["name"]] = fused_layer_norm_heads(
-                case["x"], case["weight"], case["bias"], 1e-5, case["head_weight"], dtype, case["keep_normed"]
-            )
-        else:
-            outputs[case["name"]] = fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
-    torch.save(outputs, outputs_path)
+    if "head_weight" in case:
+        return fused_layer_norm_heads(
+            case["x"], case["weight"], case["bias"], 1e-5, case["head_weight"], dtype, case["keep_normed"]
+        )
+    return fused_layer_norm(case["x"], case["weight"], case["bias"], 1e-5, dtype)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case)

@@ -1,4 +1,4 @@
-"""The "outer_product_mean" op (foldmill.kernels.triton_outer_product).
+"""The "outer_product_mean" op (foldmill.kernels.outer_product_mean.triton).
 
 - CPU routing to the reference, the reference against the mean written out, the exact row counts,
   and the backend's fallback where the kernel does not apply: always tested, triton or not.
@@ -10,26 +10,24 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_outer_product
-from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean_update
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     assert_gpu_backend_parity,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_shared_memory,
+    through_backend,
 )
+
+from foldmill import kernels
+from foldmill.kernels.outer_product_mean import triton as triton_outer_product
+from foldmill.model.layers.outer_product_mean import OuterProductMean, outer_product_mean
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, channels: int, out: int, seed: int, device: str = "cpu"):
@@ -56,7 +54,7 @@ def plain_mean(a, b, mask, weight, bias) -> torch.Tensor:
 def test_reference_is_the_masked_mean_and_cpu_routes_to_it():
     inputs = op_inputs(2, 7, 9, 4, 5, seed=0)
     kernels.reset_counts()
-    out = kernels.dispatch("outer_product_mean", outer_product_mean_update, *inputs)
+    out = kernels.dispatch("outer_product_mean", *inputs)
     assert kernels.chosen_counts() == {"outer_product_mean/reference": 1}
     assert relative_error(out, plain_mean(*inputs)) <= FP32_TOL
 
@@ -88,12 +86,12 @@ def test_inverse_row_counts_are_exact():
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Channel widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 6, 10, 8, 3, seed=3)
-    out = triton_outer_product.outer_product_mean_update(*inputs)
-    assert torch.equal(out, outer_product_mean_update(*inputs))
+    out = kernels.call_backend("outer_product_mean", "triton", *inputs)
+    assert torch.equal(out, outer_product_mean(*inputs))
     a, b, mask, weight, bias = op_inputs(1, 6, 10, 16, 3, seed=4)
     weight.requires_grad_(True)
-    out = triton_outer_product.outer_product_mean_update(a, b, mask, weight, bias)
-    assert out.requires_grad and torch.equal(out.detach(), outer_product_mean_update(a, b, mask, weight, bias).detach())
+    out = kernels.call_backend("outer_product_mean", "triton", a, b, mask, weight, bias)
+    assert out.requires_grad and torch.equal(out.detach(), outer_product_mean(a, b, mask, weight, bias).detach())
 
 
 # name, (batch, msa rows, tokens, channels, out), compute dtype, config index (None: default), via,
@@ -129,7 +127,7 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from foldmill.kernels.triton_outer_product_kernel import CONFIGS, _outer_product_kernel, config_for
+    from foldmill.kernels.outer_product_mean.triton_kernel import CONFIGS, _outer_product_kernel, config_for
 
     signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
     signature |= dict.fromkeys(("msa_rows", "tokens", "row_start", "rows"), "i32")
@@ -148,28 +146,21 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows):
     inputs = op_inputs(batch, msa_rows, tokens, 32, 128, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "outer_product_mean", outer_product_mean_update, triton_outer_product.outer_product_mean_update, inputs, plain_mean(*inputs)
+        "outer_product_mean", outer_product_mean, inputs, plain_mean(*inputs)
     )
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
-    patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_outer_product_kernel import CONFIGS, outer_product_sum
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
+    from foldmill.kernels.outer_product_mean.triton_kernel import CONFIGS, outer_product_sum
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        a, b, mask, weight, bias = case["inputs"]
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), torch.no_grad():
-                outputs[case["name"]] = triton_outer_product.outer_product_mean_update(a, b, mask, weight, bias)
-            continue
-        config = None if case["config"] is None else CONFIGS[case["config"]]
-        start, count = case["rows"]
-        outputs[case["name"]] = outer_product_sum(a, b, start, count, dtype, config)
-    torch.save(outputs, outputs_path)
+    a, b, mask, weight, bias = case["inputs"]
+    if case["via"] == "backend":
+        return through_backend("outer_product_mean", dtype, a, b, mask, weight, bias, autocast=dtype != torch.float32)
+    config = None if case["config"] is None else CONFIGS[case["config"]]
+    start, count = case["rows"]
+    return outer_product_sum(a, b, start, count, dtype, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

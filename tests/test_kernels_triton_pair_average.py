@@ -1,4 +1,4 @@
-"""The "pair_weighted_average" op (foldmill.kernels.triton_pair_average).
+"""The "pair_weighted_average" op (foldmill.kernels.pair_weighted_average.triton).
 
 - CPU routing to the reference, the reference against the average written out, the module through
   the op, and the backend's fallback where the kernel does not apply: always tested.
@@ -10,26 +10,24 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_pair_average
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging, gated_pair_average
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     assert_gpu_backend_parity,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_shared_memory,
+    through_backend,
 )
+
+from foldmill import kernels
+from foldmill.kernels.pair_weighted_average import triton as triton_pair_average
+from foldmill.model.layers.pair_weighted_average import PairWeightedAveraging, pair_weighted_average
 
 
 def op_inputs(batch: int, msa_rows: int, tokens: int, heads: int, width: int, seed: int, device: str = "cpu"):
@@ -54,7 +52,7 @@ def plain_average(weights, values, gate) -> torch.Tensor:
 def test_reference_is_the_gated_average_and_cpu_routes_to_it():
     inputs = op_inputs(2, 5, 7, 3, 4, seed=0)
     kernels.reset_counts()
-    out = kernels.dispatch("pair_weighted_average", gated_pair_average, *inputs)
+    out = kernels.dispatch("pair_weighted_average", *inputs)
     assert kernels.chosen_counts() == {"pair_weighted_average/reference": 1}
     assert relative_error(out, plain_average(*inputs)) <= FP32_TOL
 
@@ -77,11 +75,11 @@ def test_module_is_algorithm_10_through_the_op(chunk_heads):
 def test_backend_runs_the_reference_where_the_kernel_does_not_apply():
     """Head widths the kernel does not tile (8 here), and autograd recording (no backward)."""
     inputs = op_inputs(1, 4, 6, 2, 8, seed=2)
-    assert torch.equal(triton_pair_average.gated_pair_average(*inputs), gated_pair_average(*inputs))
+    assert torch.equal(kernels.call_backend("pair_weighted_average", "triton", *inputs), pair_weighted_average(*inputs))
     weights, values, gate = op_inputs(1, 4, 6, 2, 16, seed=3)
     gate.requires_grad_(True)
-    out = triton_pair_average.gated_pair_average(weights, values, gate)
-    assert out.requires_grad and torch.equal(out.detach(), gated_pair_average(weights, values, gate).detach())
+    out = kernels.call_backend("pair_weighted_average", "triton", weights, values, gate)
+    assert out.requires_grad and torch.equal(out.detach(), pair_weighted_average(weights, values, gate).detach())
 
 
 # name, (batch, msa rows, tokens, heads, width), compute dtype, config index (None: default), via.
@@ -111,7 +109,7 @@ def test_kernel_matches_the_math_under_the_triton_interpreter(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_block_config_compiles_for_sm90_within_shared_memory():
-    from foldmill.kernels.triton_pair_average_kernel import CONFIGS, _pair_average_kernel
+    from foldmill.kernels.pair_weighted_average.triton_kernel import CONFIGS, _pair_average_kernel
 
     signature = {"weights_ptr": "*bf16", "values_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": "*bf16"}
     signature |= {"msa_rows": "i32", "tokens": "i32"}
@@ -131,27 +129,20 @@ def test_every_block_config_compiles_for_sm90_within_shared_memory():
 def test_backend_matches_the_math_on_the_gpu(batch, tokens, msa_rows, heads):
     inputs = op_inputs(batch, msa_rows, tokens, heads, 32, seed=5, device="cuda")
     assert_gpu_backend_parity(
-        "pair_weighted_average", gated_pair_average, triton_pair_average.gated_pair_average, inputs, plain_average(*inputs)
+        "pair_weighted_average", pair_weighted_average, inputs, plain_average(*inputs)
     )
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernel or the backend."""
-    patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_pair_average_kernel import CONFIGS
-    from foldmill.kernels.triton_pair_average_kernel import gated_pair_average as kernel
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernel or the backend."""
+    from foldmill.kernels.pair_weighted_average.triton_kernel import CONFIGS
+    from foldmill.kernels.pair_weighted_average.triton_kernel import pair_weighted_average as kernel
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        if case["via"] == "backend":
-            with torch.autocast("cpu", dtype=dtype), torch.no_grad():
-                outputs[case["name"]] = triton_pair_average.gated_pair_average(*case["inputs"])
-            continue
-        config = None if case["config"] is None else CONFIGS[case["config"]]
-        outputs[case["name"]] = kernel(*case["inputs"], dtype, config)
-    torch.save(outputs, outputs_path)
+    if case["via"] == "backend":
+        return through_backend("pair_weighted_average", dtype, *case["inputs"])
+    config = None if case["config"] is None else CONFIGS[case["config"]]
+    return kernel(*case["inputs"], dtype, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

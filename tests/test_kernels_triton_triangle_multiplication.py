@@ -1,4 +1,4 @@
-"""The "triangle_multiplication" op's Triton backend (foldmill.kernels.triton_triangle_multiplication).
+"""The "triangle_multiplication" op's Triton backend (foldmill.kernels.triangle_multiplication.triton).
 
 - The reference and the module with `residual_out` (x + update into x's own storage), and the backend's
   fallback to the reference where the kernels do not apply: always tested, triton or not.
@@ -10,36 +10,34 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-from foldmill import kernels
-from foldmill.kernels import triton_triangle_multiplication
-from foldmill.model.layers.triangle_multiplication import (
-    TriangleMultiplicationIncoming,
-    TriangleMultiplicationOutgoing,
-    triangle_multiplicative_update,
-)
 from kernel_testing import (
     BF16_TOL,
     FP32_TOL,
     H100_SHARED_MEMORY_BYTES,
     HAS_TRITON,
     local_memory_instructions,
-    patch_interpreter_for_numpy_2_4,
     relative_error,
     run_interpreted,
+    serve_cases,
     sm90_compiled,
+)
+
+from foldmill import kernels
+from foldmill.kernels.triangle_multiplication import TriangleMultiplicationWeights
+from foldmill.kernels.triangle_multiplication import triton as triton_triangle_multiplication
+from foldmill.model.layers.triangle_multiplication import (
+    TriangleMultiplicationIncoming,
+    TriangleMultiplicationOutgoing,
+    triangle_multiplication,
 )
 
 WEIGHT_NAMES = ("norm_in_w", "norm_in_b", "p_in", "g_in", "norm_out_w", "norm_out_b", "p_out", "g_out")
 
 
 def op_inputs(batch: int, tokens: int, channels: int, seed: int, device: str = "cpu"):
-    """x (B, N, N, C), a pair mask whose last two tokens are padding, and the eight weights in the op's order."""
+    """x (B, N, N, C), a pair mask whose last two tokens are padding, and the op's weights."""
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -60,12 +58,12 @@ def op_inputs(batch: int, tokens: int, channels: int, seed: int, device: str = "
         randn(channels, channels) * scale,
         randn(channels, channels) * scale,
     )
-    return x, mask, weights
+    return x, mask, TriangleMultiplicationWeights(*weights)
 
 
-def plain_update(x: torch.Tensor, direction: str, mask: torch.Tensor, weights: tuple) -> torch.Tensor:
+def plain_update(x: torch.Tensor, direction: str, mask: torch.Tensor, weights: TriangleMultiplicationWeights) -> torch.Tensor:
     """The triangle multiplicative update written out in float64."""
-    norm_in_w, norm_in_b, p_in, g_in, norm_out_w, norm_out_b, p_out, g_out = (w.double() for w in weights)
+    norm_in_w, norm_in_b, p_in, g_in, norm_out_w, norm_out_b, p_out, g_out = (w.double() for w in weights.tensors())
 
     def layer_norm(y, weight, bias):
         return (y - y.mean(-1, keepdim=True)) / torch.sqrt(y.var(-1, unbiased=False, keepdim=True) + 1e-5) * weight + bias
@@ -85,7 +83,7 @@ def test_module_adds_its_update_into_residual_out(module_class):
     x = torch.randn(1, 9, 9, 16, generator=torch.Generator().manual_seed(0))
     mask = torch.ones(1, 9, 9)
     update = module(x, mask)
-    assert relative_error(update, plain_update(x, module.direction, mask, tuple(module.state_dict().values()))) <= FP32_TOL
+    assert relative_error(update, plain_update(x, module.direction, mask, TriangleMultiplicationWeights(*module.state_dict().values()))) <= FP32_TOL
     own = x.clone()
     assert module(own, mask, residual_out=own) is own  # in place: x's own storage
     assert torch.equal(own, x + update)
@@ -104,16 +102,16 @@ def test_backend_runs_the_reference_where_the_kernels_do_not_apply():
     """Channel counts the kernels do not tile (24: not a power of two), and autograd recording."""
     x, mask, weights = op_inputs(1, 7, 24, seed=1)
     assert not triton_triangle_multiplication.supported(24) and triton_triangle_multiplication.supported(128)
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "outgoing", mask, *weights)
-    assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, *weights))
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, weights)
+    assert torch.equal(out, triangle_multiplication(x, "outgoing", mask, weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=1)  # fp32 compute (no autocast): the reference's
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "outgoing", mask, *weights)
-    assert torch.equal(out, triangle_multiplicative_update(x, "outgoing", mask, *weights))
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "outgoing", mask, weights)
+    assert torch.equal(out, triangle_multiplication(x, "outgoing", mask, weights))
     x, mask, weights = op_inputs(1, 7, 16, seed=2)
-    weights[2].requires_grad_(True)
-    out = triton_triangle_multiplication.triangle_multiplicative_update(x, "incoming", mask, *weights)
+    weights.p_in_weight.requires_grad_(True)
+    out = kernels.call_backend("triangle_multiplication", "triton", x, "incoming", mask, weights)
     assert out.requires_grad
-    assert torch.equal(out.detach(), triangle_multiplicative_update(x, "incoming", mask, *weights).detach())
+    assert torch.equal(out.detach(), triangle_multiplication(x, "incoming", mask, weights).detach())
 
 
 # name, (batch, tokens, channels), compute dtype, direction, residual, (pairs, warps, stages) pinned for both
@@ -136,7 +134,7 @@ def test_kernels_match_the_math_under_the_triton_interpreter(tmp_path):
     for index, (name, shape, dtype, direction, residual, config) in enumerate(INTERPRETER_CASES):
         inputs[name] = op_inputs(*shape, seed=10 + index)
         x, mask, weights = inputs[name]
-        cases.append({"name": name, "inputs": (x, mask, *weights), "dtype": str(dtype), "direction": direction,
+        cases.append({"name": name, "inputs": (x, mask, *weights.tensors()), "dtype": str(dtype), "direction": direction,
                       "residual": residual, "config": config})  # fmt: skip
     outputs = run_interpreted(__file__, cases, tmp_path)
     for name, _, dtype, direction, residual, _ in INTERPRETER_CASES:
@@ -153,7 +151,7 @@ def test_kernels_match_the_math_under_the_triton_interpreter(tmp_path):
 def test_every_block_config_compiles_for_sm90_within_shared_memory(tmp_path):
     """Each kernel at its shipped config (and the other's), within an H100/H200 block's shared memory;
     the output kernel under its register cap without spilling."""
-    from foldmill.kernels.triton_triangle_multiplication_kernel import (
+    from foldmill.kernels.triangle_multiplication.triton_kernel import (
         EDGES_CONFIG,
         OUTPUT_CONFIG,
         _gated_edges_kernel,
@@ -198,12 +196,10 @@ def test_backend_matches_the_math_on_the_gpu(direction, batch, tokens, channels)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             kernels.reset_counts()
             with kernels.kernel_policy(force={"triangle_multiplication": "triton"}):
-                out = kernels.dispatch("triangle_multiplication", triangle_multiplicative_update, x, direction, mask, *weights)
+                out = kernels.dispatch("triangle_multiplication", x, direction, mask, weights)
                 own = x.clone()
-                summed = kernels.dispatch(
-                    "triangle_multiplication", triangle_multiplicative_update, own, direction, mask, *weights, residual_out=own
-                )
-            reference_out = triangle_multiplicative_update(x, direction, mask, *weights)
+                summed = kernels.dispatch("triangle_multiplication", own, direction, mask, weights, residual_out=own)
+            reference_out = triangle_multiplication(x, direction, mask, weights)
     assert kernels.chosen_counts() == {"triangle_multiplication/triton": 2}
     assert out.dtype == torch.bfloat16 and out.shape == expected.shape
     error, reference_error = relative_error(out, expected), relative_error(reference_out, expected)
@@ -225,25 +221,20 @@ def test_backend_agrees_with_cuequivariance_on_the_gpu(direction):
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         for backend in ("triton", "cueq"):
             with kernels.kernel_policy(force={"triangle_multiplication": backend}):
-                outputs[backend] = kernels.dispatch("triangle_multiplication", triangle_multiplicative_update, x, direction, mask, *weights)
+                outputs[backend] = kernels.dispatch("triangle_multiplication", x, direction, mask, weights)
     errors = {name: relative_error(out, expected) for name, out in outputs.items()}
     assert errors["triton"] <= BF16_TOL and errors["triton"] <= 1.5 * errors["cueq"], errors
 
 
-def _run_cases(cases_path: Path, outputs_path: Path) -> None:
-    """Child process (TRITON_INTERPRET=1): run every case through the kernels."""
-    patch_interpreter_for_numpy_2_4()
-    from foldmill.kernels.triton_triangle_multiplication_kernel import BlockConfig, fused_update
+def _run_case(case: dict, dtype: torch.dtype) -> torch.Tensor:
+    """Child process (TRITON_INTERPRET=1): one case through the kernels."""
+    from foldmill.kernels.triangle_multiplication.triton_kernel import BlockConfig, fused_update
 
-    outputs = {}
-    for case in torch.load(cases_path, weights_only=True):
-        dtype = getattr(torch, case["dtype"].removeprefix("torch."))
-        x, mask, *weights = case["inputs"]
-        config = None if case["config"] is None else BlockConfig(*case["config"])
-        residual_out = x.clone() if case["residual"] else None
-        outputs[case["name"]] = fused_update(x, case["direction"], mask, weights, 1e-5, dtype, residual_out, config)
-    torch.save(outputs, outputs_path)
+    x, mask, *weights = case["inputs"]
+    config = None if case["config"] is None else BlockConfig(*case["config"])
+    residual_out = x.clone() if case["residual"] else None
+    return fused_update(x, case["direction"], mask, weights, 1e-5, dtype, residual_out, config)
 
 
 if __name__ == "__main__":
-    _run_cases(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve_cases(_run_case, patch_numpy=True)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.oracle, pytest.mark.usefixtures("one_torch_thread")]
 SEED = 11
 RECIPE = InferenceRecipe(recycling_steps=1, sampling_steps=4, diffusion_samples=2, max_parallel_samples=1, seed=SEED)
 SMALL = Boltz2Config.small()
-# Released widths and head counts, one block/layer of everything.
+# Published widths and head counts, one block/layer of everything.
 FULL_WIDTH = Boltz2Config(
     embedder_atom_encoder_depth=1,
     template_blocks=1,
@@ -154,7 +154,7 @@ def test_small_config_matches_oss(case, oracle_features, small_models):
 
 
 def test_full_width_config_matches_oss(oracle_features):
-    """Released widths and head counts (token_s 384, token_z 128, 16 heads, ...), one block each."""
+    """Published widths and head counts (token_s 384, token_z 128, 16 heads, ...), one block each."""
     oss, ours = model_pair(FULL_WIDTH)
     check_against_oss(oss, ours, oracle_features("protein_ligand"), RECIPE)
 

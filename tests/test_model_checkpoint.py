@@ -21,10 +21,10 @@ from foldmill.model.checkpoint import config_from_state_dict, load_state_dict_fi
 from foldmill.model.demo import demo_model
 
 SMALL = Boltz2Config.small()
-# OSS boltz-community 2.13.0 Boltz2 built with the released hyperparameters (see
+# OSS boltz-community 2.13.0 Boltz2 built with the published hyperparameters (see
 # foldmill.bench._oss_reference.oss_hyperparameters): 5,102 state_dict tensors, 521,047,871 values.
-RELEASED_TENSORS = 5102
-RELEASED_VALUES = 521_047_871
+PUBLISHED_TENSORS = 5102
+PUBLISHED_VALUES = 521_047_871
 
 
 @pytest.fixture(scope="module")
@@ -159,13 +159,13 @@ def test_unreadable_files_fail_cleanly(tmp_path):
         Boltz2.from_checkpoint(no_weights)
 
 
-def test_released_architecture_has_the_checkpoint_layout():
-    """The default config builds exactly as many tensors and values as the released model."""
+def test_published_architecture_has_the_checkpoint_layout():
+    """The default config builds exactly as many tensors and values as the published model."""
     with torch.device("meta"):
         model = Boltz2(Boltz2Config())
     state = model.state_dict()
-    assert len(state) == RELEASED_TENSORS
-    assert sum(t.numel() for t in state.values()) == RELEASED_VALUES
+    assert len(state) == PUBLISHED_TENSORS
+    assert sum(t.numel() for t in state.values()) == PUBLISHED_VALUES
     state["confidence_module.boundaries"] = torch.linspace(2, 22, 63)  # meta tensors hold no values
     assert config_from_state_dict(state) == Boltz2Config()
 

@@ -19,7 +19,7 @@ from boltz.model.modules import confidencev2 as oss_confidence  # noqa: E402
 
 TOKEN_S, TOKEN_Z = 32, 16
 
-RELEASED_FLAGS = {  # the options the released Boltz-2 confidence module is built with
+PUBLISHED_FLAGS = {  # the options the published Boltz-2 confidence module is built with
     "add_s_to_z_prod": True,
     "add_s_input_to_s": True,
     "add_z_input_to_z": True,
@@ -81,8 +81,8 @@ def _compare(ours_out: dict, oss_out: dict) -> None:
 @pytest.mark.parametrize(
     ("flags", "samples", "sequential", "cyclic"),
     [
-        (RELEASED_FLAGS, 2, True, True),  # as Boltz-2 predicts: samples scored one at a time
-        (RELEASED_FLAGS, 2, False, False),
+        (PUBLISHED_FLAGS, 2, True, True),  # as Boltz-2 predicts: samples scored one at a time
+        (PUBLISHED_FLAGS, 2, False, False),
         (MINIMAL_FLAGS, 1, False, False),
     ],
 )
@@ -104,7 +104,7 @@ def test_confidence_module_complex(flags, samples, sequential, cyclic):
 @torch.no_grad()
 def test_confidence_module_single_chain():
     """One protein chain: ipTM is 0, so the confidence score falls back to pTM; interface PAE is NaN."""
-    oss, ours = _modules(RELEASED_FLAGS, seed=34)
+    oss, ours = _modules(PUBLISHED_FLAGS, seed=34)
     feats = complex_features(seed=35)
     keep = 6  # first 5 residues of chain A + one padding token
     feats = {k: v for k, v in feats.items()}
@@ -146,7 +146,7 @@ def test_batched_records_match_single_records():
     """A batch of two records, two samples each, scores each record as it would alone.
 
     (Beyond the oracle: OSS assumes one record per batch here.)"""
-    _, ours = _modules(RELEASED_FLAGS, seed=38)
+    _, ours = _modules(PUBLISHED_FLAGS, seed=38)
     records = [complex_features(seed=39), complex_features(seed=40, cyclic=True)]
     tokens = records[0]["asym_id"].shape[1]
     trunk = [_trunk_outputs(tokens, seed=41 + i) for i in range(2)]
@@ -164,8 +164,8 @@ def test_batched_records_match_single_records():
 @torch.no_grad()
 def test_pair_logits_are_dropped_unless_asked():
     """By default the (N, N, 64) PAE/PDE logits are read by the metrics and dropped; PAE/PDE stay."""
-    oss, kept = _modules(RELEASED_FLAGS, seed=30)
-    dropped = ConfidenceModule(TOKEN_S, TOKEN_Z, **{**_module_args(RELEASED_FLAGS), "return_pair_logits": False})
+    oss, kept = _modules(PUBLISHED_FLAGS, seed=30)
+    dropped = ConfidenceModule(TOKEN_S, TOKEN_Z, **{**_module_args(PUBLISHED_FLAGS), "return_pair_logits": False})
     dropped.load_state_dict(kept.state_dict())
     feats = complex_features(seed=31)
     s_inputs, s, z, distogram = _trunk_outputs(feats["asym_id"].shape[1], seed=32)

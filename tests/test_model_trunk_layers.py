@@ -7,7 +7,6 @@ import torch
 from test_model_trunk_support import assert_matches, complex_features, load_into, randomize_, token_masks
 
 from foldmill.model.contact_conditioning import ContactConditioning
-from foldmill.model.layers import triangle_attention, triangle_multiplication
 from foldmill.model.heads import BFactorModule, DistogramModule
 from foldmill.model.layers import (
     AttentionPairBias,
@@ -21,6 +20,8 @@ from foldmill.model.layers import (
     TriangleAttentionStartingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    triangle_attention,
+    triangle_multiplication,
 )
 from foldmill.model.relative_position import RelativePositionEncoder
 

@@ -30,7 +30,7 @@ def _inputs(batch: int, tokens: int, padding: int, c_s: int, c_z: int, seed: int
     ("c_s", "c_z", "heads", "blocks", "tokens"),
     [
         (32, 16, 4, 3, 13),  # small
-        (384, 128, 16, 2, 40),  # released widths (token_s 384, token_z 128, 16 heads)
+        (384, 128, 16, 2, 40),  # published widths (token_s 384, token_z 128, 16 heads)
     ],
 )
 def test_pairformer_module(c_s, c_z, heads, blocks, tokens):

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from foldmill.errors import InputError
-from foldmill.features.vocab import NUM_TOKENS, TOKENS
 from foldmill.features import featurize
+from foldmill.features.msa_features import token_ids
 from foldmill.features.staged import StagedInputs
 from foldmill.io.targets import Entity, Target
-from foldmill.msa.features import token_ids
 from foldmill.msa.parse import RawRow, read_msa, rows_to_msa
 from foldmill.msa.types import MSA
+from foldmill.vocab import NUM_TOKENS, TOKENS
 
 THREE = dict(
     zip(

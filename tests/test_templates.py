@@ -11,11 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from foldmill.features.vocab import TOKEN_ID
+from foldmill.features.template_residues import residue_class, template_features
 from foldmill.io.worklist import build_worklist, write_worklist
 from foldmill.msa.mmseqs import SearchSettings, search, target_database
 from foldmill.templates.align import align_template
-from foldmill.templates.features import residue_class, template_features
 from foldmill.templates.search import (
     TemplateSearchConfig,
     TemplateSelector,
@@ -25,6 +24,7 @@ from foldmill.templates.search import (
 from foldmill.templates.staging import TemplateStagingConfig, stage_templates
 from foldmill.templates.structure import read_template
 from foldmill.templates.types import BACKBONE_ATOMS, TemplateAlignment
+from foldmill.vocab import TOKEN_ID
 
 
 def gemmi_backbone(path: Path, chain_id: str) -> dict[int, tuple[str, dict[str, np.ndarray]]]:

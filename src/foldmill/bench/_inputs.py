@@ -24,7 +24,6 @@ from foldmill.bench._synthetic import AMINO_ACIDS, synthetic_msa
 from foldmill.errors import FoldmillError
 
 
-
 @dataclass(frozen=True)
 class BenchInput:
     chain_lengths: tuple[int, ...]
@@ -105,7 +104,7 @@ def get_features(item: BenchInput, directory: Path | None, device: str | torch.d
     `device` without the training-only ones (the distogram target is 8.6 GiB at 6,000 tokens; no
     contender's inference reads it). Featurizing is quadratic in memory (2,000 tokens: 3.4 s, 3.3 GiB
     of RAM on CPU), so a 6,000-token monomer needs ~30 GiB: featurize it on the GPU machine."""
-    from foldmill.model.fastpath import TRAINING_ONLY_FEATURES
+    from foldmill.fastpath.runner import TRAINING_ONLY_FEATURES
 
     path = feature_path(directory, item) if directory is not None else None
     stored = path is not None and path.is_file()

@@ -11,7 +11,7 @@ Contenders:
                 mode, confidence one sample at a time (diffusion and confidence as OSS decides)
   oss-compile   the same after OSS's compile flags (in effect: its score model compiled), compiled afresh
                 for every input
-  foldmill      foldmill.model.fastpath.FastBoltz2 with default options
+  foldmill      foldmill.fastpath.runner.FastBoltz2 with default options
   foldmill-bf16z  foldmill with the trunk's s/z residual stream stored in bf16 (default: fp32)
   foldmill-eager, foldmill-nokernels   ablations: no CUDA graphs / reference ops only
 
@@ -52,10 +52,10 @@ from torch import Tensor, nn
 from foldmill import kernels
 from foldmill.bench._inputs import get_features, parse_inputs
 from foldmill.errors import FoldmillError
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.io.atomic import write_text_atomic
 from foldmill.model import Boltz2, Boltz2Config, InferenceRecipe
 from foldmill.model.diffusion import weighted_rigid_align
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 
 # The default protocol: >= 9 inputs from ~30 to ~1,700 tokens, monomers and dimers.
 DEFAULT_INPUTS = "32,2x48@256,150,2x150@256,300,2x300@256,600,1000,2x600@256,1700"

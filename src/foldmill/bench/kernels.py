@@ -1,4 +1,4 @@
-"""`foldmill bench kernels`: re-measure the kernel crossover table on this GPU (foldmill.kernels.measure).
+"""`foldmill bench kernels`: re-measure the kernel crossover table on this GPU (foldmill.bench._kernel_table).
 
 Writes crossover_<arch>.json to --out; `FOLDMILL_CROSSOVER_DIR=<out>` makes foldmill use it,
 copying it into src/foldmill/kernels/ makes it the shipped table.
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench kernels needs a CUDA GPU")
-    from foldmill.kernels.measure import measure
+    from foldmill.bench._kernel_table import measure
 
     sizes = tuple(int(size) for size in args.sizes.split(",") if size)
     table = measure(sizes, args.repeats)

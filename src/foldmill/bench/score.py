@@ -1,5 +1,5 @@
 """`foldmill bench score`: one diffusion step's score model, the reference module vs foldmill's
-restructured one (foldmill.model.fast_score), on the GPU.
+restructured one (foldmill.fastpath.score), on the GPU.
 
 Per input (synthetic proteins, foldmill.bench._inputs; random trunk outputs and released-architecture
 random weights: timings do not depend on the values), with `--samples` samples in one batch:
@@ -25,13 +25,13 @@ import torch
 
 from foldmill import kernels
 from foldmill.bench._inputs import get_features, parse_inputs
+from foldmill.bench._kernel_table import relative_error as kernel_relative_error
 from foldmill.errors import FoldmillError
+from foldmill.fastpath.cuda_graphs import GraphedCall
+from foldmill.fastpath.padding import pad_token_features
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.io.atomic import write_text_atomic
-from foldmill.kernels.padding import pad_token_features
-from foldmill.kernels.cuda_graphs import GraphedCall
-from foldmill.kernels.measure import relative_error as kernel_relative_error
 from foldmill.model import Boltz2, Boltz2Config, InferenceRecipe
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions
 from foldmill.runtime.timing import cuda_median_ms
 
 

@@ -28,13 +28,13 @@ from foldmill.executor.plan import WorkItem
 from foldmill.executor.settings import ModelSettings
 from foldmill.executor.transfer import PackedTensor, pack_features, unpack_features
 from foldmill.features import FeaturizedTarget, StagedInputs, featurize
-from foldmill.features.vocab import PROTEIN_LETTERS
 from foldmill.io.targets import Entity, Target
 from foldmill.model.checkpoint import file_sha256
 from foldmill.model.config import Boltz2Config, InferenceRecipe
-from foldmill.model.fastpath import FastBoltz2, FastPathOptions
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.outputs.prediction import Prediction
 from foldmill.outputs.writer import write_prediction
+from foldmill.vocab import PROTEIN_LETTERS
 
 log = logging.getLogger(__name__)
 

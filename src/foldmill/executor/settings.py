@@ -26,7 +26,7 @@ class ModelSettings:
     device: str = "auto"  # resolved to cuda or cpu on construction
     recipe: InferenceRecipe = field(default_factory=lambda: InferenceRecipe(seed=0))
     max_msa_seqs: int = 8192
-    fast_path: bool = True  # on cuda: foldmill.model.fastpath (bf16, kernels, CUDA graphs); false = fp32 reference
+    fast_path: bool = True  # on cuda: foldmill.fastpath.runner (bf16, kernels, CUDA graphs); false = fp32 reference
     # Compiled GPU kernels (Triton's cache) shared by a run's jobs: "" = OUTDIR/.kernel-cache (see kernel_cache_dir).
     kernel_cache: str = ""
     # Architecture of the demo model: Boltz2Config fields changed from Boltz2Config.small()

@@ -17,7 +17,7 @@ import torch
 
 from foldmill.features.residues import NUCLEIC_BACKBONE, NUM_BACKBONE_CLASSES, PROTEIN_BACKBONE, STANDARD_ATOMS
 from foldmill.features.tokenize import Tokenized
-from foldmill.features.vocab import MOL_TYPE_ID, NUM_ATOM_NAME_CHARS, NUM_ELEMENTS, TOKENS
+from foldmill.vocab import MOL_TYPE_ID, NUM_ATOM_NAME_CHARS, NUM_ELEMENTS, TOKENS
 
 ATOMS_PER_WINDOW = 32  # atom counts are padded to a multiple of the atom-attention query window
 CONFORMER_SEED = 42

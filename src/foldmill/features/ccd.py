@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from foldmill.features.vocab import BOND_TYPE_ID, CHIRALITY_ID
+from foldmill.vocab import BOND_TYPE_ID, CHIRALITY_ID
 
 _CCD_BOND_TYPE = {"SING": "SINGLE", "DOUB": "DOUBLE", "TRIP": "TRIPLE", "AROM": "AROMATIC"}
 

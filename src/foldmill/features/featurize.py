@@ -27,11 +27,11 @@ from foldmill.features.structure import build_structure
 from foldmill.features.template_features import template_features
 from foldmill.features.token_features import token_features
 from foldmill.features.tokenize import Tokenized, tokenize
-from foldmill.features.vocab import DEFAULT_METHOD, METHOD_TYPE_ID
 from foldmill.io.targets import Target
 from foldmill.msa.parse import DEFAULT_MAX_DEPTH
 from foldmill.msa.types import MSA
 from foldmill.outputs.prediction import AtomSite
+from foldmill.vocab import DEFAULT_METHOD, METHOD_TYPE_ID
 
 
 @dataclass

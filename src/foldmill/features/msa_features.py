@@ -25,13 +25,29 @@ import numpy as np
 import torch
 
 from foldmill.features.tokenize import Tokenized
-from foldmill.features.vocab import GAP_ID, NUM_TOKENS
-from foldmill.msa.features import token_ids
 from foldmill.msa.types import MSA
+from foldmill.vocab import GAP_ID, NUM_TOKENS, token_id
 
 MAX_PAIRED_ROWS = 8192
 MAX_ROWS = 16384
 GAP_ROW = -1
+
+
+def _lookup_table(entity_type: str) -> np.ndarray:
+    table = np.full(256, token_id(entity_type, "X"), dtype=np.int64)
+    for code in range(ord("A"), ord("Z") + 1):
+        table[code] = token_id(entity_type, chr(code))
+    table[ord("-")] = GAP_ID
+    return table
+
+
+_TABLES = {kind: _lookup_table(kind) for kind in ("protein", "dna", "rna")}
+
+
+def token_ids(residues: np.ndarray, entity_type: str) -> np.ndarray:
+    """Vocabulary classes (int64, same shape) of ASCII MSA residues of a `entity_type` chain: '-' is the
+    gap class; unknown letters are UNK / N / DN."""
+    return _TABLES[entity_type][residues]
 
 
 @dataclass

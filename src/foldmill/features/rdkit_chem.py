@@ -19,7 +19,7 @@ from rdkit.Chem.rdchem import BondStereo, HybridizationType, Mol
 from rdkit.Chem.rdDistGeom import GetMoleculeBoundsMatrix
 
 from foldmill.features.ccd import CcdEntry, Component, atomic_number
-from foldmill.features.vocab import BOND_TYPE_ID, CHIRALITY_ID
+from foldmill.vocab import BOND_TYPE_ID, CHIRALITY_ID
 
 REFERENCE_SEED = 42  # conformer generation for SMILES and incomplete CCD entries: fixed, reproducible
 

@@ -13,7 +13,7 @@ import torch
 
 from foldmill.features.constraints import Constraints
 from foldmill.features.tokenize import Tokenized
-from foldmill.features.vocab import MOL_TYPE_ID
+from foldmill.vocab import MOL_TYPE_ID
 
 _EXPLICIT_BOND_TOLERANCE = 0.05  # Å around the covalent-radius sum of a user bond
 _FALLBACK_BOND_TOLERANCE = 0.5  # when an element has no tabulated covalent radius

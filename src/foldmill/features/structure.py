@@ -19,8 +19,8 @@ import numpy as np
 from foldmill.errors import InputError
 from foldmill.features.ccd import Component, ComponentLibrary, component_type
 from foldmill.features.residues import STANDARD_ATOMS, center_atom, disto_atom
-from foldmill.features.vocab import MOL_TYPE_ID, TOKEN_ID, UNKNOWN_TOKEN_ID, residue_name
 from foldmill.io.targets import Entity, Target
+from foldmill.vocab import MOL_TYPE_ID, TOKEN_ID, UNKNOWN_TOKEN_ID, residue_name
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Template features: one template row per template structure file, covering every query chain
 aligned to that file (as OSS Boltz-2 groups them).
 
-Per-residue arrays come from `foldmill.templates.features.template_features`; here they are
+Per-residue arrays come from `foldmill.features.template_residues.template_features`; here they are
 placed on the chains' tokens, and the cross-chain parts are added: `visibility_ids` (the row's
 index on chains it templates, -1 - asym_id elsewhere, so chains templated by one structure see
 each other's relative geometry), `template_force` and `template_force_threshold`.
@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.nn.functional import one_hot
 
+from foldmill.features.template_residues import template_features as residue_template_features
 from foldmill.features.tokenize import Tokenized
-from foldmill.features.vocab import NUM_TOKENS
-from foldmill.templates.features import template_features as residue_template_features
 from foldmill.templates.types import TemplateAlignment
+from foldmill.vocab import NUM_TOKENS
 
 _PER_TOKEN = (
     "template_frame_rot", "template_frame_t", "template_cb", "template_ca",

@@ -8,7 +8,7 @@ from torch.nn.functional import one_hot
 
 from foldmill.features.constraints import Constraints
 from foldmill.features.tokenize import Tokenized
-from foldmill.features.vocab import BOND_TYPE_ID, CONTACT_CONDITIONING, METHOD_TYPE_ID, MOL_TYPE_ID, NUM_TOKENS
+from foldmill.vocab import BOND_TYPE_ID, CONTACT_CONDITIONING, METHOD_TYPE_ID, MOL_TYPE_ID, NUM_TOKENS
 
 
 def token_features(tokenized: Tokenized, constraints: Constraints, method: str) -> dict[str, torch.Tensor]:

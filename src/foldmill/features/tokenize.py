@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from foldmill.features.structure import Chain, Residue, Structure
-from foldmill.features.vocab import TOKEN_ID, UNKNOWN_TOKEN_ID
+from foldmill.vocab import TOKEN_ID, UNKNOWN_TOKEN_ID
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Measured crossover tables: the fastest backend per op, compute dtype and token count, per GPU architecture.
 
 A table is `crossover_<arch>.json` (e.g. crossover_sm90.json) beside this module, or in the
-directory named by FOLDMILL_CROSSOVER_DIR (a fresh measurement, see foldmill.kernels.measure):
+directory named by FOLDMILL_CROSSOVER_DIR (a fresh measurement by `foldmill bench kernels`):
 
     {"arch": "sm_90", "device": "NVIDIA H200", "measured": "<date, software>",
      "ops": {op: {dtype: [{"max_tokens": 320, "order": ["reference", "cueq"]},

@@ -1,15 +1,17 @@
 """Per-call choice among the implementations ("backends") of the model's hot ops.
 
-An op has a plain PyTorch reference (the function in foldmill.model.layers) and optional
-backends with the reference's exact signature. `dispatch(op, reference, *args)` picks one
-from the device, the compute dtype (the autocast dtype when autocast is on) and the number
-of tokens, then calls it:
+An op has a plain PyTorch reference, registered by the model that defines it
+(`register_reference(op, fn)`, so this package never imports the model), and optional backends
+with the reference's exact signature, each declaring which arguments it takes (`Backend.supports`).
+`dispatch(op, *args)` picks one from the device, the compute dtype (the autocast dtype when
+autocast is on) and the number of tokens, then calls it, or the reference where the picked
+backend does not take these arguments:
 
 - CPU (or kernels disabled by `kernel_policy(enabled=False)`): the reference, always;
 - CUDA: the backend order of the crossover table measured for that GPU architecture
   (`crossover_sm90.json`, see foldmill.kernels.crossover) at the nearest measured size; the
-  first available backend in that order runs. Without a table for the architecture, a
-  conservative default order is used (DEFAULT_ORDERS).
+  first available backend in that order runs. Without a table for the architecture, the op's
+  default order (`OpSpec.default_order`, set in the op's folder) is used.
 
 A backend that turns out to be unusable at run time (its ops library missing, "Not
 Supported") is retired for the process with one warning and the next one runs; any other
@@ -33,6 +35,15 @@ from torch import Tensor
 from foldmill.kernels import crossover
 
 REFERENCE = "reference"
+CUDA = frozenset({"cuda"})
+CPU_AND_CUDA = frozenset({"cpu", "cuda"})
+HALF = frozenset({torch.bfloat16, torch.float16})
+FLOAT = frozenset({torch.bfloat16, torch.float16, torch.float32})
+
+
+def second_to_last_axis(x: Tensor, *args: object, **kwargs: object) -> int:
+    """Tokens of an op on (..., N, C) rows: the pair track (B, N, N, C), the single track (B, N, C)."""
+    return x.shape[-2] if x.dim() >= 2 else 1
 
 
 @dataclass(frozen=True)
@@ -44,14 +55,22 @@ class Backend:
     devices: frozenset[str]
     dtypes: frozenset[torch.dtype]
     available: Callable[[], bool] = lambda: True
+    supports: Callable[..., bool] = lambda *args, **kwargs: True  # takes these arguments (else the reference runs)
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """How to read the token count off an op's arguments, and its non-reference backends."""
+    """How to read the token count off an op's arguments, its non-reference backends, and the backend
+    order per compute dtype name where no measured table covers the GPU (the reference ends every order)."""
 
     tokens: Callable[..., int]
     backends: tuple[Backend, ...] = ()
+    default_order: Mapping[str, list[str]] = field(default_factory=dict)
+
+
+def half_precision_order(*names: str) -> dict[str, list[str]]:
+    """A default order running `names` in bf16 and fp16, the reference in fp32."""
+    return {"bfloat16": [*names, REFERENCE], "float16": [*names, REFERENCE], "float32": [REFERENCE]}
 
 
 @dataclass(frozen=True)
@@ -63,61 +82,36 @@ class KernelPolicy:
 _DEFAULT_POLICY = KernelPolicy()
 _policy: ContextVar[KernelPolicy] = ContextVar("foldmill_kernel_policy", default=_DEFAULT_POLICY)
 _ops: dict[str, OpSpec] = {}
+_references: dict[str, Callable[..., Any]] = {}
 _retired: dict[tuple[str, str], str] = {}  # (op, backend) -> why it was retired
 _choices: dict[tuple, str] = {}  # select()'s choices, cleared whenever a backend is retired
 _counts: Counter[tuple[str, str]] = Counter()
 
-# Backend order per op and compute dtype when no measured table exists for the GPU.
-# Conservative: cuEquivariance's triangle attention wins at every measured size on sm_90,
-# its triangle multiplication only from ~512 tokens, so it is left out by default.
-DEFAULT_ORDERS: dict[str, dict[str, list[str]]] = {
-    "triangle_multiplication": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
-    "triangle_attention": {
-        "bfloat16": ["cueq", "sdpa", REFERENCE],
-        "float16": ["cueq", "sdpa", REFERENCE],
-        "float32": ["sdpa", REFERENCE],
-    },
-    # The fused backend defers to the "triangle_attention" op's choice (the measured table's), so it
-    # runs exactly where the flash kernel would.
-    "gated_triangle_attention": {
-        "bfloat16": ["triton", REFERENCE],
-        "float16": ["triton", REFERENCE],
-        "float32": [REFERENCE],
-    },
-    "attention_pair_bias": {
-        "bfloat16": ["sdpa", REFERENCE],
-        "float16": ["sdpa", REFERENCE],
-        "float32": ["sdpa", REFERENCE],
-    },
-    # The fused kernel never materialises the 4x-wide hidden layer, so it wins at every size.
-    "transition": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # PyTorch's layer norm runs a thread block per 128-wide row: 7.1x slower than the Triton kernel on the
-    # H200 at 1,024 tokens (1.76 vs 0.25 ms).
-    "layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The same norm with the attention's bias projection: the pair read once instead of the norm written,
-    # read back and the projection permuted heads first.
-    "layer_norm_heads": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # One kernel in place of a chain of 3-5 PyTorch kernels and their extra passes (fast_score).
-    "adaptive_layer_norm": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    "residual_adaptive_layer_norm": {
-        "bfloat16": ["triton", REFERENCE],
-        "float16": ["triton", REFERENCE],
-        "float32": [REFERENCE],
-    },
-    "swiglu_product": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    "token_mean": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The product writes the projection's layout: no permuting copy, division or casts of the 1,024-wide
-    # outer product (3.1x on the H200 at 2,472 tokens; foldmill.kernels.triton_outer_product).
-    "outer_product_mean": {"bfloat16": ["triton", REFERENCE], "float16": ["triton", REFERENCE], "float32": [REFERENCE]},
-    # The fused average wins only on smaller inputs (the H200's table: up to ~1,200 tokens), so without a
-    # measured table the reference runs.
-    "pair_weighted_average": {"bfloat16": [REFERENCE], "float16": [REFERENCE], "float32": [REFERENCE]},
-}
-
-
 def register_op(name: str, spec: OpSpec) -> None:
     _ops[name] = spec
     _choices.clear()
+
+
+def register_reference(op: str, fn: Callable[..., Any]) -> None:
+    """The plain PyTorch implementation of `op`: what runs on CPU, with kernels off, and wherever the
+    chosen backend does not take the arguments."""
+    _references[op] = fn
+
+
+def reference(op: str) -> Callable[..., Any]:
+    try:
+        return _references[op]
+    except KeyError:
+        raise LookupError(f"kernel op {op!r} has no registered reference (import the model module defining it)") from None
+
+
+def call_backend(op: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Backend `name` of `op` on these arguments where it takes them, else the op's reference."""
+    if name != REFERENCE:
+        backend = next(backend for backend in _ops[op].backends if backend.name == name)
+        if backend.supports(*args, **kwargs):
+            return backend.fn(*args, **kwargs)
+    return reference(op)(*args, **kwargs)
 
 
 def load_backends(device: torch.device | str, dtypes: Iterable[torch.dtype]) -> list[str]:
@@ -196,7 +190,7 @@ def candidate_order(
         dtype_name = str(dtype).removeprefix("torch.")
         order = crossover.order(arch, op, dtype_name, num_tokens) if arch else None
         if order is None:
-            order = DEFAULT_ORDERS.get(op, {}).get(dtype_name, [])
+            order = _ops[op].default_order.get(dtype_name, [])
     return list(order) if REFERENCE in order else [*order, REFERENCE]
 
 
@@ -236,15 +230,17 @@ def _recoverable(error: BaseException) -> bool:
     return isinstance(error, ImportError) or "Not Supported" in str(error) or "Failed to import" in str(error)
 
 
-def dispatch(op: str, reference: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
-    """Run `op` through the selected backend (same arguments as `reference`)."""
+def dispatch(op: str, *args: Any, **kwargs: Any) -> Tensor:
+    """Run `op` through the selected backend (the arguments of the op's reference); calls the
+    reference where that backend does not take these arguments (counted as the reference's)."""
     spec = _ops[op]
     while True:
         name = select(op, args[0], spec.tokens(*args, **kwargs))
+        backend = next((backend for backend in spec.backends if backend.name == name), None)
+        if backend is None or not backend.supports(*args, **kwargs):
+            _counts[(op, REFERENCE)] += 1
+            return reference(op)(*args, **kwargs)
         _counts[(op, name)] += 1
-        if name == REFERENCE:
-            return reference(*args, **kwargs)
-        backend = next(backend for backend in spec.backends if backend.name == name)
         try:
             return backend.fn(*args, **kwargs)
         except Exception as error:  # only "cannot run here" errors are absorbed

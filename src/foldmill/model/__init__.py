@@ -1,4 +1,4 @@
-"""The Boltz-2-compatible folding model (fp32 reference path; parameter names match the released checkpoint).
+"""The Boltz-2-compatible folding model (fp32 reference path; parameter names match the published checkpoint).
 
 Engine API: `Boltz2.from_checkpoint(path, config=None)`, `demo_model(config, seed, device)` and
 `Boltz2.predict(features, InferenceRecipe(...))`; see foldmill.model.boltz2.

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill.model.diffusion_transformer import DiffusionTransformer, KeyWindows
+from foldmill.model.layers.layer_norm import LayerNorm
 
 # Characters of an atom name (4) x 64 classes, flattened into the atom features.
 ATOM_NAME_FEATURES = 4 * 64
@@ -98,8 +99,8 @@ class AtomEncoder(nn.Module):
         self.embed_atompair_ref_dist = nn.Linear(1, atom_z, bias=False)
         self.embed_atompair_mask = nn.Linear(1, atom_z, bias=False)
         if structure_prediction:
-            self.s_to_c_trans = nn.Sequential(nn.LayerNorm(token_s), nn.Linear(token_s, atom_s, bias=False))
-            self.z_to_p_trans = nn.Sequential(nn.LayerNorm(token_z), nn.Linear(token_z, atom_z, bias=False))
+            self.s_to_c_trans = nn.Sequential(LayerNorm(token_s), nn.Linear(token_s, atom_s, bias=False))
+            self.z_to_p_trans = nn.Sequential(LayerNorm(token_z), nn.Linear(token_z, atom_z, bias=False))
         self.c_to_p_trans_k = nn.Sequential(nn.ReLU(), nn.Linear(atom_s, atom_z, bias=False))
         self.c_to_p_trans_q = nn.Sequential(nn.ReLU(), nn.Linear(atom_s, atom_z, bias=False))
         self.p_mlp = nn.Sequential(
@@ -278,7 +279,7 @@ class AtomAttentionDecoder(nn.Module):
             heads=atom_decoder_heads,
             dim=atom_s,
         )
-        self.atom_feat_to_atom_pos_update = nn.Sequential(nn.LayerNorm(atom_s), nn.Linear(atom_s, 3, bias=False))
+        self.atom_feat_to_atom_pos_update = nn.Sequential(LayerNorm(atom_s), nn.Linear(atom_s, 3, bias=False))
 
     def forward(
         self, a: Tensor, q: Tensor, c: Tensor, bias: Tensor, feats: dict[str, Tensor], multiplicity: int = 1

@@ -1,7 +1,7 @@
 """The Boltz-2-compatible folding model: trunk, structure sampler and confidence in one module.
 
 Engine API (what the executor codes against):
-- `Boltz2.from_checkpoint(path, config=None)`: the released Lightning checkpoint
+- `Boltz2.from_checkpoint(path, config=None)`: the published Lightning checkpoint
   (`boltz2_conf.ckpt`), a plain state_dict file or .safetensors, loaded safely and strictly
   (see foldmill.model.checkpoint); the architecture is read from the weights unless given.
 - `foldmill.model.demo.demo_model(config, seed)`: seeded random weights, provenance "demo".
@@ -31,21 +31,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import BOND_TYPES
-from foldmill.model.config import Boltz2Config, InferenceRecipe
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model.confidence import ConfidenceModule
+from foldmill.model.config import Boltz2Config, InferenceRecipe
 from foldmill.model.contact_conditioning import ContactConditioning
-from foldmill.model.diffusion import AtomDiffusion
+from foldmill.model.diffusion import AtomDiffusion, ScoreCall
 from foldmill.model.diffusion_conditioning import DiffusionConditioning, DiffusionConditioningOutput
 from foldmill.model.heads import BFactorModule, DistogramModule
 from foldmill.model.input_embedder import InputEmbedder
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.msa_module import MSAModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.residual import accumulate
 from foldmill.model.template_module import TemplateV2Module
-from foldmill.model.token_rows import by_token_rows, rows_per_block
-from foldmill.outputs.prediction import CONFIDENCE_SCALARS  # per-sample scalars, the writers' names
+from foldmill.vocab import BOND_TYPES, CONFIDENCE_SCALARS
 
 
 @dataclass
@@ -77,8 +77,8 @@ class Boltz2(nn.Module):
         self.contact_conditioning = ContactConditioning(
             token_z, config.conditioning_cutoff_min, config.conditioning_cutoff_max
         )
-        self.s_norm = nn.LayerNorm(token_s)
-        self.z_norm = nn.LayerNorm(token_z)
+        self.s_norm = LayerNorm(token_s)
+        self.z_norm = LayerNorm(token_z)
         self.s_recycle = nn.Linear(token_s, token_s, bias=False)
         self.z_recycle = nn.Linear(token_z, token_z, bias=False)
 
@@ -116,7 +116,7 @@ class Boltz2(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: Boltz2Config | None = None) -> Boltz2:
-        """Load released Boltz-2 weights (see foldmill.model.checkpoint). Raises CheckpointError."""
+        """Load published Boltz-2 weights (see foldmill.model.checkpoint). Raises CheckpointError."""
         from foldmill.model.checkpoint import load_boltz2
 
         return load_boltz2(path, config)
@@ -208,8 +208,10 @@ class Boltz2(nn.Module):
         feats: dict[str, Tensor],
         conditioning: DiffusionConditioningOutput,
         recipe: InferenceRecipe,
+        score: ScoreCall | None = None,
     ) -> Tensor:
-        """The recipe's diffusion samples (B * samples, atoms, 3), seeded by recipe.seed."""
+        """The recipe's diffusion samples (B * samples, atoms, 3), seeded by recipe.seed; `score` runs the
+        score model (see AtomDiffusion.denoise)."""
         return self.structure_module.sample(
             s_trunk=trunk.s.float(),
             s_inputs=trunk.s_inputs.float(),
@@ -219,6 +221,7 @@ class Boltz2(nn.Module):
             multiplicity=recipe.diffusion_samples,
             max_parallel_samples=recipe.max_parallel_samples,
             generator=sampling_generator(recipe.seed, trunk.s.device),
+            score=score,
         )
 
     def forward(self, features: dict[str, Tensor], recipe: InferenceRecipe) -> dict[str, Tensor]:

@@ -9,7 +9,7 @@ without running any of their code, and refuses any other reference (os.system, e
 with a CheckpointError. .safetensors files are parsed directly (JSON header + raw bytes).
 
 The model's architecture is read from the weights' shapes (`config_from_state_dict`), so
-the released checkpoint loads with strict=True without a hand-written config; a mismatched
+the published checkpoint loads with strict=True without a hand-written config; a mismatched
 file is refused with the missing and unexpected keys listed.
 """
 
@@ -301,7 +301,7 @@ def _architecture(state_dict: dict[str, Tensor], config: Boltz2Config | None, so
         implied = config_from_state_dict(state_dict, base=config)
     except CheckpointError:
         # Too far from Boltz-2 to read its shape: the key comparison against the given (or
-        # released) architecture reports what is wrong.
+        # published) architecture reports what is wrong.
         return config or Boltz2Config()
     if config is not None and implied != config:
         differing = [

@@ -21,7 +21,7 @@ the `boundaries` buffer).
 Memory (one sample at 6,000 tokens: a (N, N, 128) fp32 pair tensor is 17.2 GiB): the embedding sums
 accumulate into the module's own z in place (same values), the per-pair embeddings (relative
 positions, bonds, bond types, contact constraints, the s_inputs outer product, predicted distances)
-are computed and added by blocks of token rows (foldmill.model.token_rows; unblocked, the contact
+are computed and added by blocks of token rows (foldmill.kernels.token_rows; unblocked, the contact
 conditioning alone made ~60 GiB of temporaries and the relative positions' int64 one-hots ran a
 6,000-token H200 run out of memory), and the PAE/PDE logits keep the heads' dtype (bf16 under
 autocast, 4.3 GiB each) instead of being promoted to fp32 by a float mask.
@@ -35,13 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import BOND_TYPES
+from foldmill.kernels.token_rows import rows_per_block
 from foldmill.model import confidence_metrics as metrics
 from foldmill.model.contact_conditioning import ContactConditioning
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.pairformer import PairformerModule
 from foldmill.model.relative_position import RelativePositionEncoder
 from foldmill.model.residual import accumulate
-from foldmill.model.token_rows import rows_per_block
+from foldmill.vocab import BOND_TYPES
 
 PAE_MAX = 32.0  # A, upper end of the PAE / PDE bins
 
@@ -164,10 +165,10 @@ class ConfidenceModule(nn.Module):
             self.s_to_z_prod_in1 = nn.Linear(token_s, token_z, bias=False)
             self.s_to_z_prod_in2 = nn.Linear(token_s, token_z, bias=False)
             self.s_to_z_prod_out = nn.Linear(token_z, token_z, bias=False)
-        self.s_inputs_norm = nn.LayerNorm(token_s)
+        self.s_inputs_norm = LayerNorm(token_s)
         if not self.no_update_s:
-            self.s_norm = nn.LayerNorm(token_s)
-        self.z_norm = nn.LayerNorm(token_z)
+            self.s_norm = LayerNorm(token_s)
+        self.z_norm = LayerNorm(token_z)
         if add_s_input_to_s:
             self.s_input_to_s = nn.Linear(token_s, token_s, bias=False)
         if add_z_input_to_z:

@@ -14,7 +14,7 @@ tokens; `feats` are the model's input features (batch B), repeated per sample he
 Chain-keyed results are dicts {asym_id: tensor (BM,)}.
 
 Per-pair reductions over bins (softmax expectations of the (BM, N, N, 64) PAE/PDE/distogram
-logits) run by blocks of token rows (foldmill.model.token_rows): under autocast the softmax is
+logits) run by blocks of token rows (foldmill.kernels.token_rows): under autocast the softmax is
 fp32, two (N, N, 64) fp32 temporaries of 8.6 GiB each at 6,000 tokens; same values per pair.
 """
 
@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from foldmill.features.vocab import MOL_TYPE_ID
-from foldmill.model.token_rows import by_token_rows, rows_per_block
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
+from foldmill.vocab import MOL_TYPE_ID
 
 PROTEIN = MOL_TYPE_ID["protein"]
 NONPOLYMER = MOL_TYPE_ID["ligand"]

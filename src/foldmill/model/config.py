@@ -1,7 +1,7 @@
 """Plain configuration of the Boltz-2-compatible model and of one inference run.
 
 `Boltz2Config` holds the architecture hyperparameters. Its defaults are those of the
-released `boltz2_conf.ckpt` (token_s 384, token_z 128, atom_s 128, atom_z 16, 64 pairformer
+published `boltz2_conf.ckpt` (token_s 384, token_z 128, atom_s 128, atom_z 16, 64 pairformer
 blocks, 24-layer diffusion transformer with 16 heads, 8-block confidence stack);
 `Boltz2Config.small()` is a fast configuration for tests. Sizes that shape parameters can
 also be read back from a state_dict (`foldmill.model.checkpoint.config_from_state_dict`).

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import CONTACT_CONDITIONING
 from foldmill.model.layers.fourier_embedding import FourierEmbedding
+from foldmill.vocab import CONTACT_CONDITIONING
 
 # Classes UNSPECIFIED (0) and UNSELECTED (1) mean "no constraint"; the constraint types follow.
 _UNSPECIFIED = CONTACT_CONDITIONING["UNSPECIFIED"]

@@ -1,4 +1,4 @@
-"""The seeded random-weight `demo` model: runs the whole pipeline without released weights.
+"""The seeded random-weight `demo` model: runs the whole pipeline without published weights.
 
 Its structures and confidences are meaningless; `provenance["model"] == "demo"` marks every
 output made with it. The same seed and config always give the same weights.

@@ -29,7 +29,11 @@ from foldmill.model.config import Boltz2Config
 from foldmill.model.diffusion_conditioning import DiffusionConditioningOutput
 from foldmill.model.diffusion_transformer import DiffusionTransformer
 from foldmill.model.layers.fourier_embedding import FourierEmbedding
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.transition import Transition
+
+# The score model's call: (r_noisy, times, embedded_trunk, feats, conditioning, multiplicity) -> update.
+ScoreCall = Callable[[Tensor, Tensor, Tensor, dict, DiffusionConditioningOutput, int], Tensor]
 
 
 class SingleConditioning(nn.Module):
@@ -38,10 +42,10 @@ class SingleConditioning(nn.Module):
     def __init__(self, token_s: int, dim_fourier: int, num_transitions: int, expansion_factor: int = 2) -> None:
         super().__init__()
         width = 2 * token_s
-        self.norm_single = nn.LayerNorm(width)
+        self.norm_single = LayerNorm(width)
         self.single_embed = nn.Linear(width, width)
         self.fourier_embed = FourierEmbedding(dim_fourier)
-        self.norm_fourier = nn.LayerNorm(dim_fourier)
+        self.norm_fourier = LayerNorm(dim_fourier)
         self.fourier_to_single = nn.Linear(dim_fourier, width, bias=False)
         self.transitions = nn.ModuleList(
             Transition(dim=width, hidden=expansion_factor * width) for _ in range(num_transitions)
@@ -80,14 +84,14 @@ class DiffusionModule(nn.Module):
             atom_encoder_heads=config.diffusion_atom_encoder_heads,
             structure_prediction=True,
         )
-        self.s_to_a_linear = nn.Sequential(nn.LayerNorm(2 * token_s), nn.Linear(2 * token_s, 2 * token_s, bias=False))
+        self.s_to_a_linear = nn.Sequential(LayerNorm(2 * token_s), nn.Linear(2 * token_s, 2 * token_s, bias=False))
         self.token_transformer = DiffusionTransformer(
             depth=config.token_transformer_depth,
             heads=config.token_transformer_heads,
             dim=2 * token_s,
             dim_single_cond=2 * token_s,
         )
-        self.a_norm = nn.LayerNorm(2 * token_s)
+        self.a_norm = LayerNorm(2 * token_s)
         self.atom_attention_decoder = AtomAttentionDecoder(
             atom_s=atom_s,
             token_s=token_s,
@@ -289,17 +293,21 @@ class AtomDiffusion(nn.Module):
         feats: dict[str, Tensor],
         conditioning: DiffusionConditioningOutput,
         multiplicity: int,
+        score: ScoreCall | None = None,
     ) -> Tensor:
-        """Preconditioned score model: noisy coordinates at noise level sigma -> denoised coordinates."""
+        """Preconditioned score model: noisy coordinates at noise level sigma -> denoised coordinates.
+        `score`: what runs the score model (default: the module itself), called with DiffusionModule's
+        arguments in order; an inference runner passes a low-precision copy or its CUDA-graph replay."""
         sigma_rows = torch.full((noisy.shape[0],), sigma, device=noisy.device)
         padded_sigma = sigma_rows[:, None, None]
-        update = self.score_model(
-            r_noisy=self.c_in(padded_sigma) * noisy,
-            times=self.c_noise(sigma_rows),
-            embedded_trunk=embedded_trunk,
-            feats=feats,
-            conditioning=conditioning,
-            multiplicity=multiplicity,
+        score = score or self.score_model
+        update = score(
+            self.c_in(padded_sigma) * noisy,
+            self.c_noise(sigma_rows),
+            embedded_trunk,
+            feats,
+            conditioning,
+            multiplicity,
         )
         return self.c_skip(padded_sigma) * noisy + self.c_out(padded_sigma) * update
 
@@ -314,8 +322,9 @@ class AtomDiffusion(nn.Module):
         multiplicity: int,
         max_parallel_samples: int,
         generator: torch.Generator,
+        score: ScoreCall | None = None,
     ) -> Tensor:
-        """Draw `multiplicity` structures per record: (B*M, N, 3), record-major."""
+        """Draw `multiplicity` structures per record: (B*M, N, 3), record-major. `score`: see `denoise`."""
         atom_mask = feats["atom_pad_mask"].float()
         batch, device = atom_mask.shape[0], atom_mask.device
         atom_mask = atom_mask.repeat_interleave(multiplicity, 0)
@@ -348,7 +357,9 @@ class AtomDiffusion(nn.Module):
             denoised = torch.zeros_like(noisy)
             for chunk in chunks:
                 size = chunk.numel() // batch
-                denoised[chunk] = self.denoise(noisy[chunk], t_hat, embedded_trunk[size], feats, conditioning, size)
+                denoised[chunk] = self.denoise(
+                    noisy[chunk], t_hat, embedded_trunk[size], feats, conditioning, size, score
+                )
 
             if self.alignment_reverse_diff:
                 noisy = weighted_rigid_align(noisy.float(), denoised.float(), atom_mask, atom_mask).to(denoised)

@@ -10,7 +10,7 @@ z (B, T, T, token_z) and the relative position encoding (B, T, T, token_z):
 Parameter names match the Boltz-2 checkpoint (`diffusion_conditioning.*`).
 
 The pair computations (pairwise conditioning, the token transformer's bias) act on each token
-pair alone, so they run a block of token rows at a time (foldmill.model.token_rows) and write
+pair alone, so they run a block of token rows at a time (foldmill.kernels.token_rows) and write
 into one preallocated output in the compute dtype: at 6,000 tokens the unblocked concatenation,
 transitions and 24 per-layer projections held ~80 GiB of temporaries; a block holds < 1 GiB.
 """
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from foldmill.kernels.token_rows import by_token_rows, rows_per_block
 from foldmill.model.atom_attention import AtomEncoder
 from foldmill.model.config import Boltz2Config
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.transition import Transition
-from foldmill.model.token_rows import by_token_rows, rows_per_block
 
 
 @dataclass
@@ -45,7 +46,7 @@ class PairwiseConditioning(nn.Module):
     def __init__(self, token_z: int, dim_token_rel_pos_feats: int, num_transitions: int = 2) -> None:
         super().__init__()
         width = token_z + dim_token_rel_pos_feats
-        self.dim_pairwise_init_proj = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, token_z, bias=False))
+        self.dim_pairwise_init_proj = nn.Sequential(LayerNorm(width), nn.Linear(width, token_z, bias=False))
         self.transitions = nn.ModuleList(Transition(dim=token_z, hidden=2 * token_z) for _ in range(num_transitions))
 
     def forward(self, z_trunk: Tensor, relative_position_encoding: Tensor) -> Tensor:
@@ -57,7 +58,7 @@ class PairwiseConditioning(nn.Module):
 
 def _bias_heads(width: int, heads: int, depth: int) -> nn.ModuleList:
     """One LayerNorm + bias-free projection to `heads` per transformer layer."""
-    return nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, heads, bias=False)) for _ in range(depth))
+    return nn.ModuleList(nn.Sequential(LayerNorm(width), nn.Linear(width, heads, bias=False)) for _ in range(depth))
 
 
 class DiffusionConditioning(nn.Module):

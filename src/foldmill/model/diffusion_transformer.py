@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill.model.layers.attention_pair_bias import AttentionPairBias
+from foldmill.model.layers.layer_norm import LayerNorm
 
 KeyWindows = Callable[[Tensor], Tensor]
 
@@ -29,8 +30,8 @@ class AdaLN(nn.Module):
 
     def __init__(self, dim: int, dim_single_cond: int) -> None:
         super().__init__()
-        self.a_norm = nn.LayerNorm(dim, elementwise_affine=False, bias=False)
-        self.s_norm = nn.LayerNorm(dim_single_cond, bias=False)
+        self.a_norm = LayerNorm(dim, elementwise_affine=False, bias=False)
+        self.s_norm = LayerNorm(dim_single_cond, bias=False)
         self.s_scale = nn.Linear(dim_single_cond, dim)
         self.s_bias = nn.Linear(dim_single_cond, dim, bias=False)
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from foldmill.features.vocab import MOL_TYPES, NUM_TOKENS
 from foldmill.model.atom_attention import AtomAttentionEncoder, AtomEncoder
 from foldmill.model.config import Boltz2Config
+from foldmill.model.layers.layer_norm import LayerNorm
+from foldmill.vocab import MOL_TYPES, NUM_TOKENS
 
 # Rows of Boltz-2's experimental-method embedding (const.num_method_types; the
 # featurizer's METHOD_TYPE_ID uses the first few).
@@ -39,7 +40,7 @@ class InputEmbedder(nn.Module):
             structure_prediction=False,
         )
         self.atom_enc_proj_z = nn.Sequential(
-            nn.LayerNorm(config.atom_z), nn.Linear(config.atom_z, depth * heads, bias=False)
+            LayerNorm(config.atom_z), nn.Linear(config.atom_z, depth * heads, bias=False)
         )
         self.atom_attention_encoder = AtomAttentionEncoder(
             atom_s=config.atom_s,

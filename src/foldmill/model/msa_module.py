@@ -20,13 +20,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import one_hot
 
-from foldmill.features.vocab import NUM_TOKENS
 from foldmill.model.layers.outer_product_mean import OuterProductMean
-from foldmill.model.layers.pair_weighted_averaging import PairWeightedAveraging
+from foldmill.model.layers.pair_weighted_average import PairWeightedAveraging
 from foldmill.model.layers.pairformer import LARGE_INPUT_TOKENS, PairformerNoSeqLayer, triangle_attention_chunk_size
 from foldmill.model.layers.transition import Transition
 from foldmill.model.residual import accumulate
-
+from foldmill.vocab import NUM_TOKENS
 
 # Above LARGE_INPUT_TOKENS the outer product mean runs by token rows, each row block's outer product
 # within OUTER_PRODUCT_BLOCK_BYTES (Boltz-2's channel chunks hold (N, N, 4 * 32) fp32 blocks and their

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import one_hot
 
-from foldmill.features.vocab import NUM_TOKENS
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.pairformer import PairformerNoSeqModule
+from foldmill.vocab import NUM_TOKENS
 
 
 def _unit_vectors_in_frames(frame_rot: Tensor, frame_t: Tensor, ca: Tensor) -> Tensor:
@@ -56,8 +57,8 @@ class TemplateV2Module(nn.Module):
         self.min_dist = min_dist
         self.max_dist = max_dist
         self.num_bins = num_bins
-        self.z_norm = nn.LayerNorm(token_z)
-        self.v_norm = nn.LayerNorm(template_dim)
+        self.z_norm = LayerNorm(token_z)
+        self.v_norm = LayerNorm(template_dim)
         self.z_proj = nn.Linear(token_z, template_dim, bias=False)
         # distogram bins + CB pair mask (1) + unit vector (3) + frame pair mask (1) + two residue types
         self.a_proj = nn.Linear(NUM_TOKENS * 2 + num_bins + 5, template_dim, bias=False)

@@ -11,19 +11,7 @@ from typing import Any
 
 import numpy as np
 
-
-# Per-sample scalar confidences, named and ordered as Boltz writes them in its confidence JSON.
-CONFIDENCE_SCALARS = (
-    "confidence_score",
-    "ptm",
-    "iptm",
-    "ligand_iptm",
-    "protein_iptm",
-    "complex_plddt",
-    "complex_iplddt",
-    "complex_pde",
-    "complex_ipde",
-)
+from foldmill.vocab import CONFIDENCE_SCALARS  # noqa: F401 - part of the writers' contract
 
 
 @dataclass

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from foldmill.features.vocab import residue_name
 from foldmill.outputs.prediction import AtomSite, Prediction
+from foldmill.vocab import residue_name
 
 LEAVING_ATOMS = {"OXT", "OP3"}
 HELIX_RADIUS, HELIX_RISE, HELIX_TURN = 2.3, 1.5, np.deg2rad(100.0)

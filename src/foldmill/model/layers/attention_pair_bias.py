@@ -6,7 +6,7 @@ With compute_pair_bias=True (trunk, confidence) z is the pair representation
 (diffusion transformer) z is already the bias (B', S, K, H). B' = B / multiplicity: the
 bias is shared by the `multiplicity` samples stacked in s (broadcast, not copied, when B' = 1).
 
-`attention_with_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
+`attention_pair_bias` is the core (q, k, v (B, L, H, D), bias (B, H, S, K)), kept
 apart so a kernel can replace it: the module calls it through the kernel registry
 (foldmill.kernels). Parameter names (proj_q/k/v/g/o, proj_z.0 the LayerNorm, proj_z.1 the
 bias projection) match the Boltz-2 checkpoint.
@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from foldmill import kernels
-from foldmill.model.layers.layer_norm import normed_and_heads
+from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
 
-def attention_with_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
+def attention_pair_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, inf: float) -> Tensor:
     """softmax(q k^T / sqrt(D) + bias - inf * (1 - mask)) v.
 
     q: (B, S, H, D); k, v: (B, K, H, D); bias: (B, H, S, K); mask: (B, K). Returns (B, S, H, D).
@@ -71,7 +71,7 @@ class AttentionPairBias(nn.Module):
         if compute_pair_bias:
             if c_z is None:
                 raise ValueError("c_z is required when compute_pair_bias=True")
-            self.proj_z = nn.Sequential(nn.LayerNorm(c_z), nn.Linear(c_z, num_heads, bias=False))
+            self.proj_z = nn.Sequential(LayerNorm(c_z), nn.Linear(c_z, num_heads, bias=False))
         self.proj_o = nn.Linear(c_s, c_s, bias=False)
 
     def forward(self, s: Tensor, z: Tensor, mask: Tensor, k_in: Tensor, multiplicity: int = 1) -> Tensor:
@@ -85,5 +85,9 @@ class AttentionPairBias(nn.Module):
             bias = z.movedim(-1, 1)
         bias = shared_by_samples(bias, multiplicity)
         gate = self.proj_g(s).sigmoid()
-        out = kernels.dispatch("attention_pair_bias", attention_with_pair_bias, q, k, v, bias, mask, self.inf)
+        out = kernels.dispatch("attention_pair_bias", q, k, v, bias, mask, self.inf)
         return self.proj_o(gate * out.reshape(batch, -1, self.c_s))
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("attention_pair_bias", attention_pair_bias)

@@ -2,11 +2,11 @@
 
 The diffusion transformer's layers (foldmill.model.diffusion_transformer) modulate a LayerNorm of
 their residual stream by terms computed from the conditioning s (AdaLN) and gate a SwiGLU
-product. foldmill.model.fast_score computes the s terms once per step (or once per sampling run,
+product. foldmill.fastpath.score computes the s terms once per step (or once per sampling run,
 for the atom transformers) and applies them here; both functions broadcast those terms over the
 `samples` diffusion samples stacked record-major in the rows of `a`/`h`, so the terms are never
 repeated per sample. Each is called through the kernel registry (a fused Triton kernel on CUDA,
-foldmill.kernels.triton_modulation).
+foldmill.kernels.adaptive_layer_norm.triton).
 """
 
 from __future__ import annotations
@@ -55,18 +55,22 @@ def swiglu_product(h: Tensor) -> Tensor:
 
 def modulate(a: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float = 1e-5) -> Tensor:
     """The routed adaptive_layer_norm."""
-    return kernels.dispatch("adaptive_layer_norm", adaptive_layer_norm, a, scale, shift, samples, eps)
+    return kernels.dispatch("adaptive_layer_norm", a, scale, shift, samples, eps)
 
 
 def residual_modulate(
     a: Tensor, gate: Tensor, update: Tensor, scale: Tensor, shift: Tensor, samples: int, eps: float = 1e-5
 ) -> Tensor:
     """The routed residual_adaptive_layer_norm (a is updated in place)."""
-    return kernels.dispatch(
-        "residual_adaptive_layer_norm", residual_adaptive_layer_norm, a, gate, update, scale, shift, samples, eps
-    )
+    return kernels.dispatch("residual_adaptive_layer_norm", a, gate, update, scale, shift, samples, eps)
 
 
 def gated_product(h: Tensor) -> Tensor:
     """The routed swiglu_product."""
-    return kernels.dispatch("swiglu_product", swiglu_product, h)
+    return kernels.dispatch("swiglu_product", h)
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("adaptive_layer_norm", adaptive_layer_norm)
+kernels.register_reference("residual_adaptive_layer_norm", residual_adaptive_layer_norm)
+kernels.register_reference("swiglu_product", swiglu_product)

@@ -4,7 +4,7 @@ For every token pair (i, j), average over the unmasked MSA rows of the outer pro
 two low-rank projections a_si (x) b_sj, flatten (c_hidden^2) and project to c_out.
 Parameter names (norm, proj_a, proj_b, proj_o) match the Boltz-2 checkpoint.
 
-`outer_product_mean_update` (the part after the projections a and b) is the reference of the
+`outer_product_mean` (the part after the projections a and b) is the reference of the
 "outer_product_mean" op of foldmill.kernels, which a fused kernel replaces on the GPU.
 """
 
@@ -15,10 +15,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.model.token_rows import by_token_rows
+from foldmill.kernels.token_rows import by_token_rows
+from foldmill.model.layers.layer_norm import LayerNorm
 
 
-def outer_product_mean_update(
+def outer_product_mean(
     a: Tensor, b: Tensor, mask: Tensor, weight: Tensor, bias: Tensor | None, token_rows: int | None = None
 ) -> Tensor:
     """a, b: (B, S, N, c) masked projections, mask: (B, S, N) -> (B, N, N, c_out) =
@@ -44,17 +45,21 @@ class OuterProductMean(nn.Module):
     def __init__(self, c_in: int, c_hidden: int, c_out: int) -> None:
         super().__init__()
         self.c_hidden = c_hidden
-        self.norm = nn.LayerNorm(c_in)
+        self.norm = LayerNorm(c_in)
         self.proj_a = nn.Linear(c_in, c_hidden, bias=False)
         self.proj_b = nn.Linear(c_in, c_hidden, bias=False)
         self.proj_o = nn.Linear(c_hidden * c_hidden, c_out)
 
     def forward(self, m: Tensor, mask: Tensor, token_rows: int | None = None) -> Tensor:
-        """m: (B, S, N, c_in), mask: (B, S, N); token_rows: see outer_product_mean_update."""
+        """m: (B, S, N, c_in), mask: (B, S, N); token_rows: see outer_product_mean."""
         valid = mask.unsqueeze(-1).to(m)
         m = self.norm(m)
         a = self.proj_a(m) * valid
         b = self.proj_b(m) * valid
         return kernels.dispatch(
-            "outer_product_mean", outer_product_mean_update, a, b, mask, self.proj_o.weight, self.proj_o.bias, token_rows
+            "outer_product_mean", a, b, mask, self.proj_o.weight, self.proj_o.bias, token_rows
         )
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("outer_product_mean", outer_product_mean)

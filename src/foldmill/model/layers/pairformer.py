@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from foldmill.model.layers.attention_pair_bias import AttentionPairBias
+from foldmill.model.layers.layer_norm import LayerNorm
 from foldmill.model.layers.transition import Transition
 from foldmill.model.layers.triangle_attention import TriangleAttentionEndingNode, TriangleAttentionStartingNode
 from foldmill.model.layers.triangle_multiplication import (
@@ -100,10 +101,10 @@ class PairformerLayer(PairformerNoSeqLayer):
         post_layer_norm: bool = False,
     ) -> None:
         super().__init__(token_z, pairwise_head_width, pairwise_num_heads)
-        self.pre_norm_s = nn.LayerNorm(token_s)
+        self.pre_norm_s = LayerNorm(token_s)
         self.attention = AttentionPairBias(token_s, token_z, num_heads)
         self.transition_s = Transition(token_s, token_s * 4)
-        self.s_post_norm = nn.LayerNorm(token_s) if post_layer_norm else nn.Identity()
+        self.s_post_norm = LayerNorm(token_s) if post_layer_norm else nn.Identity()
 
     def forward(  # type: ignore[override]  # the single track adds s and the token mask
         self,

@@ -5,7 +5,7 @@ track (z) and the MSA track (m). Parameters: norm, fc1, fc2, fc3 (bias-free line
 named as in the Boltz-2 checkpoint.
 
 The whole op is the plain function `transition`, called through the kernel registry
-(foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.triton_transition):
+(foldmill.kernels), which may run a fused Triton kernel instead (foldmill.kernels.transition.triton):
 on the pair track the reference materialises two (N*N, 4*128) hidden tensors per block.
 """
 
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
+from foldmill.model.layers.layer_norm import LayerNorm
 
 
 def transition(
@@ -48,7 +49,7 @@ class Transition(nn.Module):
         super().__init__()
         out_dim = dim if out_dim is None else out_dim
         self.hidden = hidden
-        self.norm = nn.LayerNorm(dim, eps=1e-5)
+        self.norm = LayerNorm(dim, eps=1e-5)
         self.fc1 = nn.Linear(dim, hidden, bias=False)
         self.fc2 = nn.Linear(dim, hidden, bias=False)
         self.fc3 = nn.Linear(hidden, out_dim, bias=False)
@@ -57,7 +58,6 @@ class Transition(nn.Module):
         """x: (..., dim). chunk_size splits the hidden width to bound peak memory (reference path)."""
         return kernels.dispatch(
             "transition",
-            transition,
             x,
             self.norm.weight,
             self.norm.bias,
@@ -67,3 +67,7 @@ class Transition(nn.Module):
             eps=self.norm.eps,
             chunk_size=chunk_size,
         )
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("transition", transition)

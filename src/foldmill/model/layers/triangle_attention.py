@@ -5,7 +5,7 @@ Input z (B, N, N, C) and pair mask (B, N, N) -> update (B, N, N, C) (the caller 
 see add_projection). Row i of z attends over its own row (starting node); the ending-node variant runs
 the same op on the transposed pair tensor.
 
-`triangle_attention_core` is the O(N^3) attention with the cuEquivariance op's arguments
+`triangle_attention` is the O(N^3) attention with the cuEquivariance op's arguments
 (q, k, v (B, N, H, N, D), bias (B, 1, H, N, N), boolean mask (B, N, 1, 1, N), scale), so a
 kernel can replace it: GatedAttention calls it through the kernel registry (foldmill.kernels).
 Parameter names (layer_norm, linear, mha.linear_{q,k,v,g,o}) match the Boltz-2 checkpoint.
@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from foldmill import kernels
-from foldmill.model.layers.layer_norm import normed_and_heads
-from foldmill.model.token_rows import by_token_rows
+from foldmill.kernels.token_rows import by_token_rows
+from foldmill.model.layers.layer_norm import LayerNorm, normed_and_heads
 
 # Additive logit for masked keys. Every key of a padded row is masked; keeping the value
 # equal to Boltz-2's keeps even those (unused) rows equal to the reference.
@@ -33,7 +33,7 @@ MASK_LOGIT = 1e9
 PROJECTION_BLOCK_BYTES = 512 << 20
 
 
-def triangle_attention_core(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
+def triangle_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, mask: Tensor, scale: float) -> Tensor:
     """softmax(scale * q k^T + mask bias + triangle bias) v, independently for every row.
 
     q, k, v: (B, I, H, J, D); bias: (B, 1, H, J, J); mask: (B, I, 1, 1, J) bool.
@@ -56,7 +56,7 @@ def gated_triangle_attention(
     chunk_size: int | None,
     prepared: dict | None = None,
 ) -> Tensor:
-    """sigmoid(gate) * triangle_attention_core(...), in the gate's (B, I, J, H*D) layout.
+    """sigmoid(gate) * triangle_attention(...), in the gate's (B, I, J, H*D) layout.
 
     The attention runs through the "triangle_attention" op, `chunk_size` rows per call (Boltz-2's bound
     on the logits' memory); the "gated_triangle_attention" op's flash backend fuses all of it.
@@ -66,7 +66,7 @@ def gated_triangle_attention(
     rows = q.shape[1]
     out = by_token_rows(
         lambda block: kernels.dispatch(
-            "triangle_attention", triangle_attention_core, q[:, block], k[:, block], v[:, block], bias,
+            "triangle_attention", q[:, block], k[:, block], v[:, block], bias,
             mask[:, block], scale,
         ),
         rows,
@@ -84,7 +84,7 @@ def add_projection(residual: Tensor, gated: Tensor, weight: Tensor) -> None:
     A half-precision product into an fp32 residual is one cuBLAS call that accumulates into it (fp32
     output, the residual as its C operand): no half-precision update tensor and no separate add pass,
     which at 2,472 tokens cost 3.7 ms (starting node) / 4.6 ms (ending node, a transposed add) against
-    2.7 ms on the H200 (session 12). The update is then not rounded to half precision before the add.
+    2.7 ms on the H200. The update is then not rounded to half precision before the add.
     Elsewhere (CPU, fp32) the reference: the product, then the add."""
     fused = residual.is_cuda and residual.dtype == torch.float32 and gated.dtype in (torch.bfloat16, torch.float16)
     if not fused or weight.dtype != gated.dtype:
@@ -144,7 +144,7 @@ class GatedAttention(nn.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         scale = 1.0 / math.sqrt(self.c_hidden)
         return kernels.dispatch(
-            "gated_triangle_attention", gated_triangle_attention, q, k, v, bias, mask, scale, gate, chunk_size,
+            "gated_triangle_attention", q, k, v, bias, mask, scale, gate, chunk_size,
             prepared,
         )  # fmt: skip
 
@@ -161,7 +161,7 @@ class TriangleAttention(nn.Module):
     def __init__(self, c_in: int, c_hidden: int, num_heads: int, starting: bool = True) -> None:
         super().__init__()
         self.starting = starting
-        self.layer_norm = nn.LayerNorm(c_in, eps=1e-5)
+        self.layer_norm = LayerNorm(c_in, eps=1e-5)
         self.linear = nn.Linear(c_in, num_heads, bias=False)
         self.mha = GatedAttention(c_in, c_hidden, num_heads)
 
@@ -211,3 +211,8 @@ class TriangleAttentionEndingNode(TriangleAttention):
 
     def __init__(self, c_in: int, c_hidden: int, num_heads: int) -> None:
         super().__init__(c_in, c_hidden, num_heads, starting=False)
+
+
+# The plain PyTorch implementations the kernel registry runs where no backend applies.
+kernels.register_reference("triangle_attention", triangle_attention)
+kernels.register_reference("gated_triangle_attention", gated_triangle_attention)
