@@ -73,6 +73,17 @@ def test_fp8_group_column_scales_factor_out_of_the_weight_gradient():
     assert torch.equal(data.float().abs().amax(dim=1), torch.full((24,), 448.0))
 
 
+def test_nonempty_groups_give_an_unchosen_expert_one_block_of_zero_rows():
+    from foldmill.moe.experts.routing import plan_routing
+
+    experts = torch.tensor([[0, 2], [2, 0], [0, 2]])  # expert 1 and 3 get no token
+    plan = plan_routing(experts, 4, 16, nonempty_groups=True)
+    sizes = torch.diff(plan.group_ends.long(), prepend=torch.zeros(1, dtype=torch.long))
+    assert sizes.tolist() == [16, 16, 16, 16] and plan.rows >= int(plan.group_ends[-1])
+    assert torch.all(plan.source_slots[16:32] == -1) and torch.all(plan.source_slots[48:64] == -1)
+    assert plan_routing(experts, 4, 16).group_ends.tolist() == [16, 16, 32, 32]
+
+
 def test_fp8_dgrad_weight_copy_scales_over_the_contraction():
     weight = torch.randn(3, 64, 32) * torch.linspace(0.01, 10, 32)
     data, scales = quantize_weight_columns(weight)
@@ -134,3 +145,44 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     table = markdown_table([bf16, fp8])
     header = table.splitlines()[0]
     assert header.startswith("| variant | tflops | precision | mfu_spec | mfu_bf16_spec | mfu_measured |")
+
+
+COMPILE_CASES = {
+    # kernel name: (module, pointer dtypes, integer arguments, constants)
+    "_dual_kernel": (
+        "foldmill.moe.kernels.mx_quant",
+        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
+         "mx_scale_ptr": "*u8"},
+        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
+    ),
+    "_dequantize_rows_kernel": (
+        "foldmill.moe.kernels.mx_quant",
+        {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},
+        ("rows", "cols"),
+        {"BLOCK_C": 64},
+    ),
+    "_group_columns_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "ends_ptr": "*i32"},
+        ("cols", "stride_b", "stride_r", "stride_c", "out_stride_g", "out_stride_c"),
+        {"LOCAL_ROWS": 0, "BLOCK_R": 64, "BLOCK_C": 64},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILE_CASES))
+def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
+    """Ahead-of-time sm_90 builds (no GPU needed) with the launch options the wrappers use."""
+    import importlib
+
+    from kernel_testing import HAS_TRITON, local_memory_instructions, sm90_compiled
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    module, pointers, integers, constants = COMPILE_CASES[name]
+    kernel = getattr(importlib.import_module(module), name)
+    signature = {**pointers, **dict.fromkeys(integers, "i32")}
+    compiled = sm90_compiled(kernel, signature, constants, num_warps=4, num_stages=3, divisible_by_16=list(pointers))
+    assert compiled.metadata.shared <= 228 * 1024
+    assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers

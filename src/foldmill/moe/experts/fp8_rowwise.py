@@ -52,6 +52,8 @@ class Fp8RowwiseGemm:
     name = "fp8_rowwise"
     # Hopper's FP8 grouped GEMM wants group boundaries on 16-row multiples.
     pad_multiple = 16
+    # Zero-row groups of the 2d-2d scaled grouped GEMM (wgrad) are not documented to come out zero.
+    nonempty_groups = True
 
     def __init__(self) -> None:
         self.weights = WeightCache()

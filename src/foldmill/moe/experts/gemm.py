@@ -24,6 +24,8 @@ class ExpertGemm(Protocol):
     name: str
     # Expert groups are padded to a multiple of this many rows (the wgrad block size of 8-bit recipes).
     pad_multiple: int
+    # Whether an expert with no tokens still needs a (zero) group: its GEMM may not write zeros otherwise.
+    nonempty_groups: bool
 
     def forward(self, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, object]:
         """((rows, N) = x_e w_e^T per group, what `backward` needs of x)."""
@@ -45,6 +47,7 @@ class LoopGemm:
 
     name = "loop"
     pad_multiple = 1
+    nonempty_groups = False
 
     def forward(self, x, w, ends):
         out = x.new_zeros(x.shape[0], w.shape[1])
@@ -68,6 +71,7 @@ class GroupedGemm:
 
     name = "grouped"
     pad_multiple = 1
+    nonempty_groups = False
 
     def forward(self, x, w, ends):
         return F.grouped_mm(x, w.transpose(-2, -1), offs=ends), x

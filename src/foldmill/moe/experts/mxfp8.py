@@ -93,6 +93,7 @@ def mx_grouped_mm_wgrad(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype:
 class MXFP8Gemm:
     name = "mxfp8"
     pad_multiple = BLOCK
+    nonempty_groups = False
 
     def __init__(self) -> None:
         self.weights = WeightCache()
