@@ -82,7 +82,7 @@ def quantize_group_columns_triton(values: torch.Tensor, ends: torch.Tensor) -> t
     scale = torch.empty((groups * cols,), dtype=torch.float32, device=values.device)
     grid = (triton.cdiv(cols, 64), groups)
     _group_columns_kernel[grid](values, data, scale, ends, cols, 0, *values.stride(), 0, rows, LOCAL_ROWS=0,
-                                BLOCK_R=64, BLOCK_C=64, num_warps=4)
+                                BLOCK_R=32, BLOCK_C=64, num_warps=4)
     return data, scale
 
 
@@ -94,5 +94,5 @@ def quantize_weight_columns_triton(weight: torch.Tensor) -> tuple[torch.Tensor, 
     ends = torch.arange(1, experts + 1, device=weight.device, dtype=torch.int32) * n
     grid = (triton.cdiv(k, 64), experts)
     _group_columns_kernel[grid](weight, data, scale, ends, k, *weight.stride(), k * n, n, LOCAL_ROWS=1,
-                                BLOCK_R=64, BLOCK_C=64, num_warps=4)
+                                BLOCK_R=32, BLOCK_C=64, num_warps=4)
     return data, scale

@@ -17,19 +17,32 @@ from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
+def flush_below_e4m3(scaled):
+    """Signed zero for |x| <= 2^-10 (half the smallest E4M3 subnormal, a tie that rounds to even 0):
+    the hardware float32 -> E4M3 conversion returns wrong bytes for float32 subnormal inputs."""
+    return tl.where(tl.abs(scaled) <= 0.0009765625, scaled * 0.0, scaled)
+
+
+@triton.jit
+def _rceil_exponent(amax):
+    """RCEIL scale exponent (int32) of non-negative finite float32 block maxima, clamped at -127."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exponent_field = bits >> 23
+    mantissa_above = ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    exponent = tl.where(exponent_field == 0, -127, exponent_field - 135 + mantissa_above)
+    return tl.maximum(exponent, -127)
+
+
+@triton.jit
 def mx_quantize_blocks(values):
     """values (rows, blocks, 32) float32 -> (float8e4nv elements, uint8 scales (rows, blocks))."""
     finite = values == values
     finite = finite & (tl.abs(values) != float("inf"))
     block_finite = tl.min(finite.to(tl.int32), axis=2) == 1
     amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=2)
-    bits = amax.to(tl.int32, bitcast=True)
-    exponent_field = bits >> 23
-    mantissa_above = ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    exponent = tl.where(exponent_field == 0, -127, exponent_field - 135 + mantissa_above)
-    exponent = tl.maximum(exponent, -127)
+    exponent = _rceil_exponent(amax)
     inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    scaled = values * inverse[:, :, None]
+    scaled = flush_below_e4m3(values * inverse[:, :, None])
     scaled = tl.where(block_finite[:, :, None], scaled, float("nan"))
     scale = tl.where(block_finite, exponent + 127, 255).to(tl.uint8)
     return scaled.to(tl.float8e4nv), scale
@@ -73,12 +86,31 @@ def quantize_mx_triton(values: torch.Tensor) -> MXTensor:
 
 
 @triton.jit
-def mx_dequantize_blocks(elements, scales):
-    """(rows, blocks, 32) E4M3 elements and (rows, blocks) E8M0 scales -> exact float32 values."""
+def mx_quantize_columns(values):
+    """values (32, C) float32, one block per column -> (float8e4nv elements (32, C), uint8 scales (C,))."""
+    finite = values == values
+    finite = finite & (tl.abs(values) != float("inf"))
+    block_finite = tl.min(finite.to(tl.int32), axis=0) == 1
+    amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=0)
+    exponent = _rceil_exponent(amax)
+    inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    scaled = tl.where(block_finite[None, :], flush_below_e4m3(values * inverse[None, :]), float("nan"))
+    scale = tl.where(block_finite, exponent + 127, 255).to(tl.uint8)
+    return scaled.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def scale_factor(scales):
+    """E8M0 bytes -> float32 2^(byte - 127); 0 is the subnormal 2^-127, 255 is NaN."""
     factor = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     factor = tl.where(scales == 0, 5.877471754111438e-39, factor)
-    factor = tl.where(scales == 255, float("nan"), factor)
-    return elements.to(tl.float32) * factor[:, :, None]
+    return tl.where(scales == 255, float("nan"), factor)
+
+
+@triton.jit
+def mx_dequantize_blocks(elements, scales):
+    """(rows, blocks, 32) E4M3 elements and (rows, blocks) E8M0 scales -> exact float32 values."""
+    return elements.to(tl.float32) * scale_factor(scales)[:, :, None]
 
 
 @triton.jit
@@ -101,14 +133,14 @@ def _dual_kernel(
         exact = tl.reshape(mx_dequantize_blocks(elements, scales), (32, BLOCK_C))
         tl.store(by_cols_ptr + out, exact.to(by_cols_ptr.dtype.element_ty), mask=mask)
     if ALONG_ROWS_VALUES or ALONG_ROWS_MX:
-        elements, scales = mx_quantize_blocks(tl.reshape(tl.trans(values), (BLOCK_C, 1, 32)))
+        column_elements, column_scales = mx_quantize_columns(values)
         if ALONG_ROWS_VALUES:
-            exact = tl.trans(tl.reshape(mx_dequantize_blocks(elements, scales), (BLOCK_C, 32)))
+            exact = column_elements.to(tl.float32) * scale_factor(column_scales)[None, :]
             tl.store(by_rows_ptr + out, exact.to(by_rows_ptr.dtype.element_ty), mask=mask)
         if ALONG_ROWS_MX:
-            tl.store(mx_data_ptr + out, tl.trans(tl.reshape(elements, (BLOCK_C, 32))), mask=mask)
+            tl.store(mx_data_ptr + out, column_elements, mask=mask)
             scale_offsets = batch.to(tl.int64) * (rows // 32) * cols + pid_r * cols + offs_c
-            tl.store(mx_scale_ptr + scale_offsets, tl.reshape(scales, (BLOCK_C,)), mask=offs_c < cols)
+            tl.store(mx_scale_ptr + scale_offsets, column_scales, mask=offs_c < cols)
 
 
 def mx_round_trip_triton(
@@ -163,8 +195,8 @@ def _dequantize_rows_kernel(data_ptr, scale_ptr, out_ptr, rows, cols, BLOCK_C: t
     elements = tl.load(data_ptr + offsets, mask=mask, other=0.0)
     scale_offsets = batch.to(tl.int64) * (rows // 32) * cols + pid_r * cols + offs_c
     scales = tl.load(scale_ptr + scale_offsets, mask=offs_c < cols, other=127)
-    values = mx_dequantize_blocks(tl.reshape(tl.trans(elements), (BLOCK_C, 1, 32)), tl.reshape(scales, (BLOCK_C, 1)))
-    tl.store(out_ptr + offsets, tl.trans(tl.reshape(values, (BLOCK_C, 32))).to(out_ptr.dtype.element_ty), mask=mask)
+    values = elements.to(tl.float32) * scale_factor(scales)[None, :]
+    tl.store(out_ptr + offsets, values.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dequantize_along_rows_triton(mx: MXTensor, dtype: torch.dtype) -> torch.Tensor:
