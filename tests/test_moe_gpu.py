@@ -102,3 +102,109 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     from test_moe_experts import compare_with_reference
 
     compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit-identical bf16 values, NaN wherever the other has NaN (NaN sign and payload aside)."""
+    got, want = got.cpu(), want.cpu().contiguous()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+def test_mx_round_trip_kernel_is_bit_exact_against_emulation():
+    from foldmill.moe.kernels.mx_quant import dequantize_along_rows_triton, mx_round_trip_triton
+
+    generator = torch.Generator().manual_seed(4)
+    x = adversarial(96, 256, generator)
+    want_cols = quantize_mx(x).dequantize(torch.bfloat16)
+    want_rows = quantize_mx(x.t()).dequantize(torch.bfloat16).t()
+    for view in (x, x.t().contiguous().t()):
+        by_cols, by_rows, kept = mx_round_trip_triton(view.to(CUDA), True, True, True, torch.bfloat16)
+        assert_same_bits(by_cols, want_cols)
+        assert_same_bits(by_rows, want_rows)
+        reference = quantize_mx(x.t())
+        assert torch.equal(kept.data.view(torch.uint8).cpu(), reference.data.view(torch.uint8))
+        assert torch.equal(kept.scale.cpu(), reference.scale)
+        values = dequantize_along_rows_triton(kept, torch.bfloat16)
+        assert_same_bits(values, want_rows)
+    weight = torch.randn(3, 64, 96, generator=generator).bfloat16()
+    _, by_rows, _ = mx_round_trip_triton(weight.to(CUDA), False, True, False, torch.bfloat16)
+    want = quantize_mx(weight.transpose(-2, -1)).dequantize(torch.bfloat16).transpose(-2, -1)
+    assert_same_bits(by_rows, want)
+
+
+def test_fp8_group_column_kernels_match_torch():
+    from foldmill.moe.kernels.fp8_quant import quantize_group_columns_triton, quantize_weight_columns_triton
+    from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise
+
+    generator = torch.Generator().manual_seed(5)
+    sizes = [64, 0, 112, 48]
+    x = torch.cat([torch.randn(s, 200, generator=generator) * 10.0 ** (g - 2) for g, s in enumerate(sizes)]).bfloat16()
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    data, scale = quantize_group_columns_triton(x.to(CUDA), ends.to(CUDA))
+    want_data, want_scale = quantize_group_columns(x, ends)
+    assert torch.allclose(scale.cpu(), want_scale, rtol=1e-6, atol=0)
+    got, want = data.cpu().float(), want_data.float()
+    assert float((got - want).abs().max()) <= float(want.abs().max()) * 2**-3
+    weight = (torch.randn(3, 96, 64, generator=generator) * torch.linspace(0.01, 10, 64)).bfloat16()
+    data, scale = quantize_weight_columns_triton(weight.to(CUDA))
+    want_data, want_scale = quantize_rowwise(weight.transpose(-2, -1))
+    assert torch.allclose(scale.cpu(), want_scale, rtol=1e-6, atol=0)
+    assert float((data.cpu().float() - want_data.float()).abs().max()) <= 448 * 2**-3
+
+
+def test_fp8_weight_gradient_gemm_matches_emulation_with_an_empty_group():
+    from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
+    from foldmill.moe.quant.fp8 import quantize_group_columns
+
+    generator = torch.Generator().manual_seed(6)
+    sizes = [64, 0, 112, 48]
+    dy = torch.cat([torch.randn(s, 256, generator=generator) * 10.0 ** (g - 2) for g, s in enumerate(sizes)])
+    x = torch.randn(dy.shape[0], 128, generator=generator)
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    gemm = Fp8RowwiseGemm()
+    on_gpu = (dy.bfloat16().to(CUDA), x.bfloat16().to(CUDA), ends.to(CUDA))
+    got = gemm.wgrad(on_gpu[0], quantize_group_columns(on_gpu[1], on_gpu[2]), on_gpu[2])
+    want = gemm.wgrad(dy.bfloat16(), quantize_group_columns(x.bfloat16(), ends), ends)
+    assert torch.count_nonzero(got[1]) == 0
+    for group in (0, 2, 3):
+        assert float((got[group].cpu().float() - want[group].float()).norm() / want[group].float().norm()) < 1e-2
+
+
+def test_weight_copies_follow_fused_adamw_steps():
+    from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
+
+    torch.manual_seed(7)
+    weight = torch.nn.Parameter(torch.randn(2, 64, 128, device=CUDA, dtype=torch.bfloat16) * 0.1)
+    x = torch.randn(64, 128, device=CUDA, dtype=torch.bfloat16)
+    ends = torch.tensor([32, 64], dtype=torch.int32, device=CUDA)
+    gemm = Fp8RowwiseGemm()
+    before, _ = gemm.forward(x, weight, ends)
+    optimizer = torch.optim.AdamW([weight], lr=0.05, fused=True)
+    weight.grad = torch.randn_like(weight)
+    optimizer.step()
+    after, _ = gemm.forward(x, weight, ends)
+    fresh, _ = Fp8RowwiseGemm().forward(x, weight, ends)
+    assert torch.equal(after, fresh) and not torch.equal(after, before)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 10,
+    reason="the native block-scaled MXFP8 route needs compute capability 10+",
+)
+def test_block_scaled_route_matches_emulation():
+    from foldmill.moe.experts.mxfp8 import MXFP8Gemm, gemm_route
+
+    generator = torch.Generator().manual_seed(8)
+    x, dy = torch.randn(96, 64, generator=generator), torch.randn(96, 128, generator=generator)
+    w = torch.randn(3, 128, 64, generator=generator)
+    ends = torch.tensor([32, 32, 96], dtype=torch.int32)
+    assert gemm_route(x.to(CUDA)) == "block_scaled"
+    y, saved = MXFP8Gemm().forward(x.to(CUDA), w.to(CUDA), ends.to(CUDA))
+    want, want_saved = MXFP8Gemm().forward(x, w, ends)
+    assert float((y.cpu() - want).norm() / want.norm()) < 1e-3
+    dx, dw = MXFP8Gemm().backward(dy.to(CUDA), w.to(CUDA), saved, ends.to(CUDA))
+    want_dx, want_dw = MXFP8Gemm().backward(dy, w, want_saved, ends)
+    assert float((dx.cpu() - want_dx).norm() / want_dx.norm()) < 1e-3
+    assert float((dw.cpu() - want_dw).norm() / want_dw.norm()) < 1e-3

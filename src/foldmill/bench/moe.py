@@ -1,11 +1,14 @@
 """`foldmill bench moe`: foldmill's MoE experts against Hugging Face Mixtral on one GPU.
 
 Three sections, same shapes for every contender, each timed with CUDA events (median):
-  gemm   grouped GEMM alone: bf16 grouped_mm, FP8 row-wise, MXFP8 (Triton; fp8/bf16 MMA modes)
+  gemm   one grouped linear layer per backend (forward; backward = dgrad + wgrad, quantization
+         included), 8-bit weight copies, and the library GEMMs alone (contenders)
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
          MoEBlock (grouped, fp8_rowwise, mxfp8), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
-TFLOP/s counts model FLOPs only; MFU is against --peak-tflops (measured bf16 dense rate of an H200).
+TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
+(989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
+8192^3 GEMM rate of the row's precision measured at the start of the run.
 Writes moe_bench.json and moe_bench.md to --out.
 """
 
@@ -38,7 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--backends", default="grouped,fp8_rowwise,mxfp8")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--peak-tflops", type=float, default=790.0)
     parser.set_defaults(handler=run)
 
 
@@ -56,58 +58,134 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
     print(json.dumps(row), flush=True)
 
 
+# ---------------------------------------------------------------- peaks and MFU
+
+# Dense tensor-core peaks of an H100/H200 SXM by NVIDIA's datasheet (no sparsity), TFLOP/s.
+SPEC_PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
+# The precision whose tensor-core peak each row is held against (MXFP8 and FP8 are both 8-bit).
+PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8"}
+CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "flash_attn")
+
+
+def measure_peaks(repeats: int) -> dict[str, float]:
+    """Measured dense GEMM rates on this GPU (8192^3, random data): bf16 matmul and FP8 row-wise _scaled_mm."""
+    size = 8192
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * size**3
+    peaks = {"bf16": flops / cuda_median_ms(lambda: a @ b, repeats) / 1e9}
+    a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t()
+    ones_a, ones_b = torch.ones(size, 1, device="cuda"), torch.ones(1, size, device="cuda")
+    peaks["fp8"] = flops / cuda_median_ms(lambda: torch._scaled_mm(a8, b8, ones_a, ones_b, out_dtype=torch.bfloat16),
+                                          repeats) / 1e9
+    return {k: round(v, 1) for k, v in peaks.items()}
+
+
+def add_mfu(row: dict, precision: str, peaks: dict[str, float]) -> None:
+    """MFU against the row precision's spec peak, the bf16 spec peak, and the precision's measured peak."""
+    if "tflops" not in row:
+        return
+    row["precision"] = precision
+    row["mfu_spec"] = round(row["tflops"] / SPEC_PEAK_TFLOPS[precision], 3)
+    row["mfu_bf16_spec"] = round(row["tflops"] / SPEC_PEAK_TFLOPS["bf16"], 3)
+    if peaks.get(precision):
+        row["mfu_measured"] = round(row["tflops"] / peaks[precision], 3)
+
+
+def available_contenders() -> dict[str, str]:
+    """Which optional GEMM/attention libraries import here (version, or why not)."""
+    import importlib
+
+    found = {}
+    for name in CONTENDER_MODULES:
+        try:
+            module = importlib.import_module(name)
+            found[name] = str(getattr(module, "__version__", "installed"))
+        except Exception as error:  # any import failure means the contender cannot run here
+            found[name] = f"not importable ({type(error).__name__})"
+    return found
+
+
 # ---------------------------------------------------------------- gemm
 
+GEMM_SHAPES = ((8, 4096, 4096, 14336), (8, 2048, 2048, 8192), (8, 2048, 4096, 2048))
 
-def bench_gemm(repeats: int, peak: float) -> list[dict]:
+
+def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> list[dict]:
+    """Each backend's grouped linear layer (forward; backward = dgrad + wgrad; quantization included,
+    weights' 8-bit copies cached as in training) and the library GEMMs alone."""
     import torch.nn.functional as F
 
-    from foldmill.moe.experts.fp8_rowwise import scaled_grouped_mm_rowwise
-    from foldmill.moe.experts.mxfp8 import mx_grouped_mm, mx_grouped_mm_wgrad, quantize
-    from foldmill.moe.quant.fp8 import quantize_rowwise
+    from foldmill.moe.experts import get_backend
+    from foldmill.moe.experts.mxfp8 import mx_grouped_mm, quantize, round_trip
+    from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise, quantize_weight_columns
 
     results: list[dict] = []
-    for experts, rows_per_expert, k, n in ((8, 4096, 4096, 14336), (8, 4096, 2048, 8192), (8, 2048, 1024, 4096)):
+    for shape_index, (experts, rows_per_expert, k, n) in enumerate(GEMM_SHAPES):
         device = torch.device("cuda")
         m = experts * rows_per_expert
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(experts, n, k, device=device, dtype=torch.bfloat16) * 0.02
+        dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
         ends = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows_per_expert
         flops = 2.0 * m * n * k
-        shape = f"M={m} ({experts}x{rows_per_expert}) K={k} N={n}"
+        shape = f"{experts}x{rows_per_expert} rows, K={k}, N={n}"
+        reference = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
 
-        def record(name: str, fn: Callable[[], object], **extra: object) -> None:
+        def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1, **extra: object) -> None:
             def measure() -> dict:
                 ms = cuda_median_ms(fn, repeats)
-                return {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1), **extra}
+                rate = {"tflops": round(passes * flops / ms / 1e9, 1)} if passes else {}
+                return {"ms": round(ms, 3), **rate, **extra}
 
-            _guarded(results, {"section": "gemm", "shape": shape, "variant": name}, measure)
+            row = {"section": "gemm", "shape": shape, "variant": name}
+            _guarded(results, row, measure)
+            add_mfu(row, precision, peaks)
 
-        record("bf16 grouped_mm", lambda: F.grouped_mm(x, w.transpose(-2, -1), offs=ends))
+        for name in backends:
+            gemm = get_backend(name)
+            out, saved = gemm.forward(x, w, ends)
+            error = float((out.float() - reference).norm() / reference.norm())
+            record(f"foldmill {name} forward", lambda: gemm.forward(x, w, ends), PRECISION[name],
+                   rel_error_vs_fp32=round(error, 5))
+            record(f"foldmill {name} backward (dgrad + wgrad)", lambda: gemm.backward(dy, w, saved, ends),
+                   PRECISION[name], passes=2)
+            del out, saved
+        fp8_weights = lambda: (quantize_rowwise(w), quantize_weight_columns(w))  # noqa: E731
+        record("fp8 weight copies, both layouts (once per optimizer step)", fp8_weights, "fp8", passes=0)
+        mx_weights = lambda: (round_trip(w, True, False), round_trip(w, False, True))  # noqa: E731
+        record("mxfp8 weight copies, both layouts (once per optimizer step)", mx_weights, "fp8", passes=0)
+
+        # The building blocks alone: library GEMMs on ready operands.
+        record("torch grouped_mm bf16 fwd", lambda: F.grouped_mm(x, w.transpose(-2, -1), offs=ends), "bf16")
+        record("torch grouped_mm bf16 dgrad", lambda: F.grouped_mm(dy, w, offs=ends), "bf16")
+        record("torch grouped_mm bf16 wgrad", lambda: F.grouped_mm(dy.t(), x, offs=ends), "bf16")
         x8, xs = quantize_rowwise(x)
         w8, ws = quantize_rowwise(w)
-        record("fp8 rowwise (GEMM only)", lambda: torch._scaled_grouped_mm(
-            x8, w8.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16))
-        record("fp8 rowwise (with quantization)", lambda: scaled_grouped_mm_rowwise(x, w, ends, torch.bfloat16))
-        xq, wq = quantize(x), quantize(w)
-        reference = F.grouped_mm(xq.dequantize(torch.bfloat16), wq.dequantize(torch.bfloat16).transpose(-2, -1),
-                                 offs=ends).float()
-        for mode in ("fp8", "bf16", "scaled"):
-            os.environ["FOLDMILL_MX_MMA"] = mode
-            out = mx_grouped_mm(xq, wq, ends, torch.bfloat16).float()
-            error = float((out - reference).norm() / reference.norm())
-            record(f"mxfp8 triton {mode}-MMA (GEMM only)", lambda: mx_grouped_mm(xq, wq, ends, torch.bfloat16),
-                   rel_error_vs_dequantized_bf16=round(error, 5))
-        os.environ.pop("FOLDMILL_MX_MMA", None)
-        record("mxfp8 quantize x and w", lambda: (quantize(x), quantize(w)))
-        dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
-        dyq, xtq = quantize(dy.t()), quantize(x.t())
-        record("mxfp8 triton wgrad (GEMM only)", lambda: mx_grouped_mm_wgrad(dyq, xtq, ends, torch.bfloat16))
-        record("bf16 grouped_mm wgrad", lambda: F.grouped_mm(dy.t(), x, offs=ends))
-        del x, w, x8, w8, xq, wq, dy, dyq, xtq
-    for row in results:
-        if "tflops" in row:
-            row["mfu"] = round(row["tflops"] / peak, 3)
+        dy8, dys = quantize_rowwise(dy)
+        wt8, wts = quantize_weight_columns(w)
+        dyt8, dyts = quantize_group_columns(dy, ends)
+        xt8, xts = quantize_group_columns(x, ends)
+        scaled = torch._scaled_grouped_mm
+        record("torch _scaled_grouped_mm fp8 row-wise fwd (GEMM only)",
+               lambda: scaled(x8, w8.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16), "fp8")
+        record("torch _scaled_grouped_mm fp8 row-wise dgrad (GEMM only)",
+               lambda: scaled(dy8, wt8.transpose(-2, -1), dys, wts, offs=ends, out_dtype=torch.bfloat16), "fp8")
+        record("torch _scaled_grouped_mm fp8 per-group wgrad (GEMM only)",
+               lambda: scaled(dyt8, xt8.t(), dyts, xts, offs=ends, out_dtype=torch.bfloat16), "fp8")
+        del x8, w8, dy8, wt8, dyt8, xt8
+        if shape_index == 0:
+            # The Triton MXFP8 GEMMs that apply block scales on Hopper themselves (the sm100 path's kernel).
+            xq, wq = quantize(x), quantize(w)
+            for mode in ("fp8", "bf16"):
+                os.environ["FOLDMILL_MX_MMA"] = mode
+                try:
+                    record(f"triton mxfp8 {mode}-MMA fwd (GEMM only)",
+                           lambda: mx_grouped_mm(xq, wq, ends, torch.bfloat16), "fp8")
+                finally:
+                    os.environ.pop("FOLDMILL_MX_MMA", None)
+            del xq, wq
+        del x, w, dy, reference
     return results
 
 
@@ -133,7 +211,7 @@ def layer_flops(config: ModelConfig, tokens: int) -> float:
     return 6.0 * tokens * config.top_k * 3 * config.hidden_size * config.ffn_size
 
 
-def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak: float) -> list[dict]:
+def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peaks: dict[str, float]) -> list[dict]:
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     from foldmill.moe.model.moe import MoEBlock
@@ -165,24 +243,25 @@ def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak
 
         return run_once
 
-    def row(name: str, fn: Callable[[], None]) -> None:
+    def row(name: str, fn: Callable[[], None], precision: str) -> None:
         def measure() -> dict:
             ms = cuda_median_ms(fn, repeats)
-            return {"ms": round(ms, 3), "tokens_per_s": round(tokens / ms * 1e3), "tflops": round(flops / ms / 1e9, 1),
-                    "mfu": round(flops / ms / 1e9 / peak, 3)}
+            return {"ms": round(ms, 3), "tokens_per_s": round(tokens / ms * 1e3), "tflops": round(flops / ms / 1e9, 1)}
 
-        _guarded(results, {"section": "layer", "shape": f"{shape} ({tokens} tokens)", "variant": name}, measure)
+        result = {"section": "layer", "shape": f"{shape} ({tokens} tokens)", "variant": name}
+        _guarded(results, result, measure)
+        add_mfu(result, precision, peaks)
 
     for implementation in ("eager", "grouped_mm"):
         hf_block.experts.config._experts_implementation = implementation
-        row(f"HF {implementation}", fwd_bwd(hf_block, f"hf_{implementation}"))
+        row(f"HF {implementation}", fwd_bwd(hf_block, f"hf_{implementation}"), "bf16")
     for backend in backends:
         block = MoEBlock(dataclasses.replace(config, expert_backend=backend)).to(device=device, dtype=torch.bfloat16)
         with torch.no_grad():
             block.router.gate.weight.copy_(hf_block.gate.weight)
             block.experts.gate_up_proj.copy_(hf_block.experts.gate_up_proj)
             block.experts.down_proj.copy_(hf_block.experts.down_proj)
-        row(f"foldmill {backend}", fwd_bwd(block, backend))
+        row(f"foldmill {backend}", fwd_bwd(block, backend), PRECISION[backend])
         del block
     reference = outputs.get("hf_eager")
     if reference is not None:
@@ -196,19 +275,20 @@ def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak
 
 
 def add_speedups(results: list[dict]) -> None:
-    """speedup_vs_eager / speedup_vs_grouped_mm: HF's time over each row's time."""
+    """speedup_vs_eager / _grouped_mm / _foldmill_grouped: that row's time over each row's time."""
     base = {r["variant"]: r.get("ms") for r in results}
+    baselines = {"eager": "HF eager", "grouped_mm": "HF grouped_mm", "foldmill_grouped": "foldmill grouped"}
     for result in results:
-        for implementation in ("eager", "grouped_mm"):
-            if "ms" in result and base.get(f"HF {implementation}"):
-                result[f"speedup_vs_{implementation}"] = round(base[f"HF {implementation}"] / result["ms"], 2)
+        for key, variant in baselines.items():
+            if "ms" in result and base.get(variant):
+                result[f"speedup_vs_{key}"] = round(base[variant] / result["ms"], 2)
 
 
 # ---------------------------------------------------------------- step
 
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
-               peak: float) -> list[dict]:
+               peaks: dict[str, float]) -> list[dict]:
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
@@ -222,31 +302,45 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     results: list[dict] = []
     label = f"{name} x{config.num_layers} layers, {batch}x{seq_len} tokens, bf16 params + AdamW"
 
+    def loss_of(model: torch.nn.Module, hf: bool) -> torch.Tensor:
+        if hf:
+            return model(input_ids=data[:, :-1], labels=data[:, :-1]).loss
+        logits = model(data[:, :-1]).logits
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
+
     def train_step_fn(model: torch.nn.Module, hf: bool) -> Callable[[], None]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
         def step() -> None:
-            if hf:
-                loss = model(input_ids=data[:, :-1], labels=data[:, :-1]).loss
-            else:
-                logits = model(data[:, :-1]).logits
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
-            loss.backward()
+            loss_of(model, hf).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
         return step
 
-    def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]]) -> None:
+    def activation_gib(model: torch.nn.Module, hf: bool) -> float:
+        """Memory the forward pass keeps for the backward (allocated after the loss minus before)."""
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        loss = loss_of(model, hf)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return round(kept / 2**30, 2)
+
+    def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]], precision: str) -> None:
         def measure() -> dict:
             model, hf = build()
             ms = cuda_median_ms(train_step_fn(model, hf), repeats, warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
-                    "mfu": round(flops / ms / 1e9 / peak, 3)}
+                    "activation_gib": activation_gib(model, hf)}
 
-        _guarded(results, {"section": "step", "shape": label, "variant": variant}, measure)
+        result = {"section": "step", "shape": label, "variant": variant}
+        _guarded(results, result, measure)
+        add_mfu(result, precision, peaks)
 
     def hf_model(implementation: str) -> Callable[[], tuple[torch.nn.Module, bool]]:
         def build() -> tuple[torch.nn.Module, bool]:
@@ -263,9 +357,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return build
 
     for implementation in ("eager", "grouped_mm"):
-        row(f"HF {implementation}", hf_model(implementation))
+        row(f"HF {implementation}", hf_model(implementation), "bf16")
     for backend in backends:
-        row(f"foldmill {backend}", foldmill_model(backend))
+        row(f"foldmill {backend}", foldmill_model(backend), PRECISION[backend])
     add_speedups(results)
     return results
 
@@ -274,13 +368,23 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
 
 def markdown_table(rows: list[dict]) -> str:
-    columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "mfu", "speedup_vs_eager",
-               "speedup_vs_grouped_mm", "peak_memory_gib",
-               "rel_error_vs_dequantized_bf16", "rel_diff_vs_hf_eager", "error"]
+    columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "precision", "mfu_spec", "mfu_bf16_spec",
+               "mfu_measured", "speedup_vs_eager", "speedup_vs_grouped_mm", "speedup_vs_foldmill_grouped",
+               "activation_gib", "peak_memory_gib", "rel_error_vs_fp32", "rel_diff_vs_hf_eager", "error"]
     used = [c for c in columns if any(c in r for r in rows)]
     lines = ["| " + " | ".join(used) + " |", "|" + "---|" * len(used)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in used) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def report_header(device_name: str, peaks: dict[str, float], contenders: dict[str, str]) -> str:
+    measured = ", ".join(f"{k} {v}" for k, v in peaks.items())
+    spec = ", ".join(f"{k} {v:g}" for k, v in SPEC_PEAK_TFLOPS.items())
+    libraries = ", ".join(f"{k}: {v}" for k, v in contenders.items())
+    return (f"Device: {device_name}, torch {torch.__version__}\n\n"
+            f"Peaks (TFLOP/s): spec dense {spec}; measured 8192^3 GEMM {measured}. mfu_spec and mfu_measured hold "
+            f"each row against its own precision's peak (8-bit rows against FP8), mfu_bf16_spec every row against "
+            f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,22 +396,25 @@ def run(args: argparse.Namespace) -> int:
     backends = [b for b in args.backends.split(",") if b]
     rows: list[dict] = []
     device_name = torch.cuda.get_device_name()
+    peaks = measure_peaks(args.repeats)
+    contenders = available_contenders()
+    print(json.dumps({"measured_peak_tflops": peaks, "contenders": contenders}), flush=True)
 
     def save() -> None:
-        payload = {"device": device_name, "torch": torch.__version__, "rows": rows}
+        payload = {"device": device_name, "torch": torch.__version__, "measured_peak_tflops": peaks,
+                   "spec_peak_tflops": SPEC_PEAK_TFLOPS, "contenders": contenders, "rows": rows}
         write_text_atomic(out / "moe_bench.json", json.dumps(payload, indent=2) + "\n")
-        write_text_atomic(out / "moe_bench.md", f"Device: {device_name}, torch {torch.__version__}\n\n" + markdown_table(rows))
+        write_text_atomic(out / "moe_bench.md", report_header(device_name, peaks, contenders) + markdown_table(rows))
 
     if "gemm" in sections:
-        rows += bench_gemm(args.repeats, args.peak_tflops)
+        rows += bench_gemm(backends, args.repeats, peaks)
         save()
     if "layer" in sections:
         for shape in args.layer_shapes.split(","):
-            rows += bench_layer(shape, args.tokens, backends, args.repeats, args.peak_tflops)
+            rows += bench_layer(shape, args.tokens, backends, args.repeats, peaks)
             save()
     if "step" in sections:
-        rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats,
-                           args.peak_tflops)
+        rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks)
         save()
     print(markdown_table(rows))
     return 0

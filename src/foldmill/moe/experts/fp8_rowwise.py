@@ -1,9 +1,13 @@
-"""FP8 E4M3 row-wise backend: forward and dgrad through Hopper's FP8 scaled grouped GEMM.
+"""FP8 E4M3 backend: all three GEMMs of each grouped linear layer through Hopper's FP8 scaled grouped GEMM.
 
-Activations get one scale per row, weights one per output row of each expert (both over the
-contraction dimension). The weight gradient stays in bf16: row-wise scales along the token
-dimension would not factor out of a sum over tokens. Off CUDA the GEMMs are emulated
-(dequantize, then the same grouped GEMM in float32), which gives the same numbers up to fp32 rounding.
+forward  y = x w^T    x row-wise over K, w row-wise over K (per expert output row)
+dgrad    dx = dy w    dy row-wise over N, w per (expert, k) over N
+wgrad    dw = dy^T x  dy and x per (expert group, column) over the group's tokens: constant within
+                      each expert's sum over tokens, so the scales factor out of it
+The weights' two copies are quantized once per optimizer step (experts.weights.WeightCache); x's
+weight-gradient copy is made in the forward pass and saved instead of x. Off CUDA the GEMMs are
+emulated (dequantize, then the same grouped GEMM in float32), which gives the same numbers up to
+fp32 rounding.
 """
 
 from __future__ import annotations
@@ -11,39 +15,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from foldmill.moe.experts.gemm import GroupedGemm
-from foldmill.moe.quant.fp8 import dequantize_rowwise, quantize_rowwise
+from foldmill.moe.experts.weights import WeightCache
+from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise, quantize_weight_columns
 
 
-def scaled_grouped_mm_rowwise(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """x (rows, K) @ w_e^T for w (experts, N, K), both quantized row-wise over K."""
+def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                      ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """a (M, K) row-major FP8 times b column-major FP8, grouped by `ends`, with per-row scales.
+
+    b is (experts, K, N) for the 2d-3d case (scales (experts, N)) or (K, N) for the 2d-2d case
+    (groups split K; scales (groups * M,) and (groups * N,)).
+    """
+    if a.is_cuda:
+        return torch._scaled_grouped_mm(a, b, a_scale, b_scale, offs=ends, out_dtype=torch.bfloat16).to(out_dtype)
+    a_values, b_values = a.float(), b.float()
+    if b.dim() == 3:
+        a_values = a_values * a_scale.unsqueeze(-1)
+        b_values = b_values * b_scale.unsqueeze(-2)
+        return F.grouped_mm(a_values, b_values, offs=ends).to(out_dtype)
+    groups = ends.shape[0]
+    out = F.grouped_mm(a_values, b_values, offs=ends)
+    return (out * a_scale.view(groups, -1, 1) * b_scale.view(groups, 1, -1)).to(out_dtype)
+
+
+def scaled_grouped_mm_rowwise(
+    x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """x (rows, K) @ w_e^T for w (experts, N, K), both quantized row-wise over K on this call."""
     x_data, x_scale = quantize_rowwise(x)
     w_data, w_scale = quantize_rowwise(w)
-    if x.is_cuda:
-        # B must be column-major: the transpose of the (experts, N, K) row-major weights.
-        return torch._scaled_grouped_mm(
-            x_data, w_data.transpose(-2, -1), x_scale, w_scale, offs=ends, out_dtype=torch.bfloat16
-        ).to(out_dtype)
-    x_values = dequantize_rowwise(x_data, x_scale)
-    w_values = dequantize_rowwise(w_data, w_scale)
-    return F.grouped_mm(x_values, w_values.transpose(-2, -1), offs=ends).to(out_dtype)
+    # B must be column-major: the transpose of the (experts, N, K) row-major weights.
+    return scaled_grouped_mm(x_data, x_scale, w_data.transpose(-2, -1), w_scale, ends, out_dtype)
 
 
 class Fp8RowwiseGemm:
     name = "fp8_rowwise"
     # Hopper's FP8 grouped GEMM wants group boundaries on 16-row multiples.
     pad_multiple = 16
-    quantized_input = False
+    # Zero-row groups of the 2d-2d scaled grouped GEMM (wgrad) are not documented to come out zero.
+    nonempty_groups = True
 
     def __init__(self) -> None:
-        self._bf16 = GroupedGemm()
+        self.weights = WeightCache()
 
-    def forward(self, x, w, ends, x_quantized=None):
-        return scaled_grouped_mm_rowwise(x, w, ends, x.dtype)
+    def forward(self, x, w, ends):
+        x_data, x_scale = quantize_rowwise(x)
+        w_data, w_scale = self.weights.get("forward", w, quantize_rowwise)
+        y = scaled_grouped_mm(x_data, x_scale, w_data.transpose(-2, -1), w_scale, ends, x.dtype)
+        return y, quantize_group_columns(x, ends)
+
+    def backward(self, dy, w, saved, ends):
+        return self.dgrad(dy, w, ends), self.wgrad(dy, saved, ends)
 
     def dgrad(self, dy, w, ends):
-        # dy_e w_e contracts over N: quantize w^T (experts, K, N) row-wise over N.
-        return scaled_grouped_mm_rowwise(dy, w.transpose(-2, -1).contiguous(), ends, dy.dtype)
+        dy_data, dy_scale = quantize_rowwise(dy)
+        wt_data, wt_scale = self.weights.get("dgrad", w, quantize_weight_columns)
+        return scaled_grouped_mm(dy_data, dy_scale, wt_data.transpose(-2, -1), wt_scale, ends, dy.dtype)
 
-    def wgrad(self, dy, x, ends):
-        return self._bf16.wgrad(dy, x, ends)
+    def wgrad(self, dy, saved, ends):
+        """saved: x's (elements (K, rows), scales) from quantize_group_columns."""
+        x_data, x_scale = saved
+        dy_data, dy_scale = quantize_group_columns(dy, ends)
+        return scaled_grouped_mm(dy_data, dy_scale, x_data.t(), x_scale, ends, dy.dtype)

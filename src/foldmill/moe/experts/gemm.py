@@ -3,6 +3,11 @@
 Shapes: activations x (rows, K) sorted by expert, expert e owning rows [ends[e-1], ends[e]);
 weights w (experts, N, K) as in nn.Linear; `ends` int32 cumulative group ends. Rows past ends[-1]
 are padding whose outputs nobody reads.
+
+A backend runs one grouped linear layer forward, and its backward as the pair (dgrad, wgrad).
+`forward` also returns what the weight gradient will need of x ("saved"): x itself for bf16, an
+8-bit copy quantized the way wgrad consumes it for the 8-bit backends, so the quantization happens
+in the pass that already reads x and the saved activation is half the size.
 """
 
 from __future__ import annotations
@@ -19,21 +24,20 @@ class ExpertGemm(Protocol):
     name: str
     # Expert groups are padded to a multiple of this many rows (the wgrad block size of 8-bit recipes).
     pad_multiple: int
-    # Whether `forward` accepts its input already quantized (the fused SwiGLU can produce it).
-    quantized_input: bool
+    # Whether an expert with no tokens still needs a (zero) group: its GEMM may not write zeros otherwise.
+    nonempty_groups: bool
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, x_quantized: object = None) -> torch.Tensor:
-        """(rows, N): x_e w_e^T per group; `x_quantized` is x already in this backend's format, if any."""
+    def forward(self, x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """((rows, N) = x_e w_e^T per group, what `backward` needs of x)."""
 
-    def dgrad(self, dy: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """(rows, K): dy_e w_e per group."""
-
-    def wgrad(self, dy: torch.Tensor, x: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """(experts, N, K): dy_e^T x_e per group."""
+    def backward(
+        self, dy: torch.Tensor, w: torch.Tensor, saved: object, ends: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dx (rows, K) = dy_e w_e per group, dw (experts, N, K) = dy_e^T x_e per group)."""
 
 
 def group_bounds(ends: torch.Tensor) -> list[tuple[int, int]]:
-    """[(start, end)] per expert (synchronizes with the device: used by the loop backend only)."""
+    """[(start, end)] per expert (synchronizes with the device: loop backend and emulations only)."""
     stops = [int(v) for v in ends.tolist()]
     return list(zip([0, *stops[:-1]], stops))
 
@@ -43,28 +47,23 @@ class LoopGemm:
 
     name = "loop"
     pad_multiple = 1
-    quantized_input = False
+    nonempty_groups = False
 
-    def forward(self, x, w, ends, x_quantized=None):
+    def forward(self, x, w, ends):
         out = x.new_zeros(x.shape[0], w.shape[1])
         for expert, (start, stop) in enumerate(group_bounds(ends)):
             if stop > start:
                 out[start:stop] = x[start:stop] @ w[expert].t()
-        return out
+        return out, x
 
-    def dgrad(self, dy, w, ends):
-        out = dy.new_zeros(dy.shape[0], w.shape[2])
+    def backward(self, dy, w, saved, ends):
+        dx = dy.new_zeros(dy.shape[0], w.shape[2])
+        dw = dy.new_zeros(ends.shape[0], dy.shape[1], saved.shape[1])
         for expert, (start, stop) in enumerate(group_bounds(ends)):
             if stop > start:
-                out[start:stop] = dy[start:stop] @ w[expert]
-        return out
-
-    def wgrad(self, dy, x, ends):
-        out = dy.new_zeros(ends.shape[0], dy.shape[1], x.shape[1])
-        for expert, (start, stop) in enumerate(group_bounds(ends)):
-            if stop > start:
-                out[expert] = dy[start:stop].t() @ x[start:stop]
-        return out
+                dx[start:stop] = dy[start:stop] @ w[expert]
+                dw[expert] = dy[start:stop].t() @ saved[start:stop]
+        return dx, dw
 
 
 class GroupedGemm:
@@ -72,13 +71,10 @@ class GroupedGemm:
 
     name = "grouped"
     pad_multiple = 1
-    quantized_input = False
+    nonempty_groups = False
 
-    def forward(self, x, w, ends, x_quantized=None):
-        return F.grouped_mm(x, w.transpose(-2, -1), offs=ends)
+    def forward(self, x, w, ends):
+        return F.grouped_mm(x, w.transpose(-2, -1), offs=ends), x
 
-    def dgrad(self, dy, w, ends):
-        return F.grouped_mm(dy, w, offs=ends)
-
-    def wgrad(self, dy, x, ends):
-        return F.grouped_mm(dy.t(), x, offs=ends)
+    def backward(self, dy, w, saved, ends):
+        return F.grouped_mm(dy, w, offs=ends), F.grouped_mm(dy.t(), saved, offs=ends)

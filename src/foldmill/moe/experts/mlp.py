@@ -1,9 +1,9 @@
 """The expert MLP over expert-sorted rows, as one autograd function with an explicit backward.
 
 forward:  h = GEMM(x, w13);  a = silu(h_gate) * h_up * p;  y = GEMM(a, w2)
-backward: da = dgrad(dy, w2);  dw2 = wgrad(dy, a);  (dh, dp) = SwiGLU'(h, p, da);
-          dx = dgrad(dh, w13); dw13 = wgrad(dh, x)
-Which GEMMs run (bf16 loop or grouped, FP8, MXFP8) is the backend's business.
+backward: (da, dw2) = GEMM'(dy, w2, a);  (dh, dp) = SwiGLU'(h, p, da);  (dx, dw13) = GEMM'(dh, w13, x)
+Which GEMMs run (bf16 loop or grouped, FP8, MXFP8) is the backend's business; so is the form in
+which x and a are kept for the weight gradients (8-bit backends keep them quantized).
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 class GroupedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, row_probs, w13, w2, ends, gemm: ExpertGemm):
-        h = gemm.forward(x, w13, ends)
-        a, a_quantized = swiglu_forward(h, row_probs, quantize=gemm.quantized_input)
-        y = gemm.forward(a, w2, ends, x_quantized=a_quantized)
+        h, x_saved = gemm.forward(x, w13, ends)
+        a, _ = swiglu_forward(h, row_probs, quantize=False)
+        y, a_saved = gemm.forward(a, w2, ends)
         ctx.gemm = gemm
-        ctx.save_for_backward(x, row_probs, w13, w2, ends, h, a)
+        # Backend-specific forms of x and a may be tuples or MXFP8 tensors: kept on ctx.
+        ctx.x_saved, ctx.a_saved = x_saved, a_saved
+        ctx.save_for_backward(row_probs, w13, w2, ends, h)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, row_probs, w13, w2, ends, h, a = ctx.saved_tensors
+        row_probs, w13, w2, ends, h = ctx.saved_tensors
         gemm = ctx.gemm
-        grad_y = grad_y.contiguous()
-        grad_a = gemm.dgrad(grad_y, w2, ends)
-        grad_w2 = gemm.wgrad(grad_y, a, ends)
+        grad_a, grad_w2 = gemm.backward(grad_y.contiguous(), w2, ctx.a_saved, ends)
         grad_h, grad_probs = swiglu_backward(h, row_probs, grad_a)
-        grad_x = gemm.dgrad(grad_h, w13, ends)
-        grad_w13 = gemm.wgrad(grad_h, x, ends)
+        grad_x, grad_w13 = gemm.backward(grad_h, w13, ctx.x_saved, ends)
+        ctx.x_saved = ctx.a_saved = None
         return grad_x, grad_probs.to(row_probs.dtype), grad_w13, grad_w2, None, None
 
 

@@ -1,13 +1,18 @@
 """MXFP8 backend: E4M3 elements with one E8M0 scale per 32 values along each GEMM's contraction dim.
 
 forward  y = x w^T   blocks along K       (x row-wise, w row-wise)
-dgrad    dx = dy w   blocks along N       (dy row-wise, w^T row-wise)
-wgrad    dw = dy^T x blocks along tokens  (dy^T, x^T; expert groups padded to multiples of 32)
-Each copy is quantized from the high-precision tensor. Where the GEMM runs:
-- CUDA + Triton: kernels/mx_grouped_gemm.py (Hopper: FP8 MMAs per 32-wide block with the block
-  scales applied in fp32; Blackwell: the native block-scaled MMA through tl.dot_scaled). PyTorch's
-  MXFP8 scaled_grouped_mm is never called: on sm90 it launches an sm100 kernel that poisons the context.
-- elsewhere: emulation (dequantize exactly, then a float32 grouped GEMM): the numerical reference.
+dgrad    dx = dy w   blocks along N       (dy row-wise, w along its N rows)
+wgrad    dw = dy^T x blocks along tokens  (dy and x along their rows; expert groups padded to multiples of 32)
+Each copy is quantized from the high-precision tensor. Where the GEMMs run (`gemm_route`):
+- "block_scaled" (compute capability 10+): the native block-scaled MMA through tl.dot_scaled
+  (kernels/mx_grouped_gemm.py).
+- "exact_bf16" (Hopper and other CUDA GPUs): E4M3 x 2^k is exact in bf16, so one pass per operand
+  writes the exact values of its MXFP8 copy in bf16 and cuBLAS's bf16 grouped GEMM (fp32
+  accumulation) multiplies them: the same products as a block-scaled MMA, at bf16 tensor-core speed.
+  The weights' copies are made once per optimizer step; x's along-tokens copy for wgrad is made in
+  the forward pass and saved as MXFP8 (1 byte + 1/32 scale per value instead of 2).
+- "emulated" (CPU): the same steps in torch, float32 GEMMs: the numerical reference.
+PyTorch's MXFP8 scaled_grouped_mm is never called: on sm90 it launches an sm100 kernel that poisons the context.
 """
 
 from __future__ import annotations
@@ -15,10 +20,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from foldmill.moe.kernels import use_triton
+from foldmill.moe.experts.weights import WeightCache
+from foldmill.moe.kernels import compute_capability, use_triton
 from foldmill.moe.quant.mx import MXTensor, quantize_mx
 
 BLOCK = 32
+
+
+def route_for_capability(capability: tuple[int, int] | None) -> str:
+    """Which MXFP8 GEMM path a device runs: None (no CUDA+Triton) -> "emulated"."""
+    if capability is None:
+        return "emulated"
+    return "block_scaled" if capability[0] >= 10 else "exact_bf16"
+
+
+def gemm_route(tensor: torch.Tensor) -> str:
+    return route_for_capability(compute_capability(tensor) if use_triton(tensor) else None)
 
 
 def quantize(values: torch.Tensor) -> MXTensor:
@@ -28,6 +45,31 @@ def quantize(values: torch.Tensor) -> MXTensor:
 
         return quantize_mx_triton(values)
     return quantize_mx(values)
+
+
+def round_trip(
+    values: torch.Tensor, along_cols: bool, along_rows: bool, keep_along_rows: bool = False
+) -> tuple[torch.Tensor | None, torch.Tensor | None, MXTensor | None]:
+    """Exact values of the MXFP8 copies of `values` with blocks along its columns (last dim) and/or
+    along its rows (second-last dim), in bf16 on CUDA (float32 in emulation), and optionally the
+    along-rows MXFP8 copy itself (an MXTensor of the transposed view)."""
+    if use_triton(values):
+        from foldmill.moe.kernels.mx_quant import mx_round_trip_triton
+
+        return mx_round_trip_triton(values, along_cols, along_rows, keep_along_rows, torch.bfloat16)
+    transposed = quantize_mx(values.transpose(-2, -1)) if along_rows or keep_along_rows else None
+    by_cols = quantize_mx(values).dequantize() if along_cols else None
+    by_rows = transposed.dequantize().transpose(-2, -1) if along_rows else None
+    return by_cols, by_rows, transposed if keep_along_rows else None
+
+
+def along_rows_values(mx: MXTensor) -> torch.Tensor:
+    """(rows, cols) values of an along-rows copy kept by `round_trip`."""
+    if use_triton(mx.data):
+        from foldmill.moe.kernels.mx_quant import dequantize_along_rows_triton
+
+        return dequantize_along_rows_triton(mx, torch.bfloat16)
+    return mx.dequantize().transpose(-2, -1)
 
 
 def mx_grouped_mm(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -51,15 +93,26 @@ def mx_grouped_mm_wgrad(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype:
 class MXFP8Gemm:
     name = "mxfp8"
     pad_multiple = BLOCK
-    # The fused SwiGLU hands over its output already quantized for the second GEMM.
-    quantized_input = True
+    nonempty_groups = False
 
-    def forward(self, x, w, ends, x_quantized=None):
-        x_mx = x_quantized if x_quantized is not None else quantize(x)
-        return mx_grouped_mm(x_mx, quantize(w), ends, x.dtype)
+    def __init__(self) -> None:
+        self.weights = WeightCache()
 
-    def dgrad(self, dy, w, ends):
-        return mx_grouped_mm(quantize(dy), quantize(w.transpose(-2, -1)), ends, dy.dtype)
+    def forward(self, x, w, ends):
+        if gemm_route(x) == "block_scaled":
+            w_mx = self.weights.get("forward", w, quantize)
+            return mx_grouped_mm(quantize(x), w_mx, ends, x.dtype), x
+        x_values, _, x_saved = round_trip(x, along_cols=True, along_rows=False, keep_along_rows=True)
+        w_values = self.weights.get("forward", w, lambda t: round_trip(t, along_cols=True, along_rows=False)[0])
+        return F.grouped_mm(x_values, w_values.transpose(-2, -1), offs=ends).to(x.dtype), x_saved
 
-    def wgrad(self, dy, x, ends):
-        return mx_grouped_mm_wgrad(quantize(dy.t()), quantize(x.t()), ends, dy.dtype)
+    def backward(self, dy, w, saved, ends):
+        if gemm_route(dy) == "block_scaled":
+            wt_mx = self.weights.get("dgrad", w, lambda t: quantize(t.transpose(-2, -1)))
+            dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
+            return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
+        dy_along_n, dy_along_tokens, _ = round_trip(dy, along_cols=True, along_rows=True)
+        w_along_n = self.weights.get("dgrad", w, lambda t: round_trip(t, along_cols=False, along_rows=True)[1])
+        dx = F.grouped_mm(dy_along_n, w_along_n, offs=ends).to(dy.dtype)
+        dw = F.grouped_mm(dy_along_tokens.t(), along_rows_values(saved), offs=ends).to(dy.dtype)
+        return dx, dw

@@ -28,13 +28,21 @@ class RoutingPlan:
         return self.source_slots.shape[0]
 
 
-def plan_routing(expert_index: torch.Tensor, num_experts: int, pad_multiple: int) -> RoutingPlan:
-    """Plan for `expert_index` (tokens, top_k), the experts chosen for each token."""
+def plan_routing(
+    expert_index: torch.Tensor, num_experts: int, pad_multiple: int, nonempty_groups: bool = False
+) -> RoutingPlan:
+    """Plan for `expert_index` (tokens, top_k), the experts chosen for each token.
+
+    nonempty_groups: an expert no token chose still gets one block of `pad_multiple` zero rows
+    (for GEMMs whose zero-row groups are not guaranteed to write zeros).
+    """
     tokens, top_k = expert_index.shape
     flat = expert_index.reshape(-1)
     # scatter_add, not bincount: bincount sizes its output from the data and so waits for the GPU.
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + pad_multiple - 1) // pad_multiple * pad_multiple
+    if nonempty_groups:
+        padded = padded.clamp_min(pad_multiple)
     padded_ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)
     sorted_experts = flat[order]
@@ -43,7 +51,7 @@ def plan_routing(expert_index: torch.Tensor, num_experts: int, pad_multiple: int
     rows_sorted = padded_ends[sorted_experts] - padded[sorted_experts] + rank_in_group
     slot_rows = torch.empty_like(flat)
     slot_rows[order] = rows_sorted
-    capacity = flat.numel() + num_experts * (pad_multiple - 1)
+    capacity = flat.numel() + num_experts * (pad_multiple if nonempty_groups else pad_multiple - 1)
     capacity = (capacity + pad_multiple - 1) // pad_multiple * pad_multiple
     source_slots = torch.full((capacity,), -1, dtype=torch.int64, device=flat.device)
     source_slots[slot_rows] = torch.arange(flat.numel(), device=flat.device)

@@ -23,9 +23,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        q = self.wq(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.wk(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.wv(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        # Rotated in the projections' own (batch, seq, heads, dim) layout: contiguous, so the
+        # elementwise kernels vectorize; SDPA then takes (batch, heads, seq, dim) views.
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))

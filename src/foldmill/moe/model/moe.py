@@ -52,7 +52,7 @@ class Experts(nn.Module):
             x, w13, w2 = x.to(dtype), self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
             if self.shard is not None:
                 return expert_parallel_experts(x, weights, experts, w13, w2, self.backend, self.shard)
-            plan = plan_routing(experts, w13.shape[0], self.backend.pad_multiple)
+            plan = plan_routing(experts, w13.shape[0], self.backend.pad_multiple, self.backend.nonempty_groups)
             rows, row_probs = permute_tokens(x, weights, plan)
             out_rows = grouped_swiglu_experts(rows, row_probs, w13, w2, plan.group_ends, self.backend)
             return unpermute_tokens(out_rows, plan)

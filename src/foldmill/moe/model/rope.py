@@ -14,7 +14,8 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (batch, heads, seq, head_dim) rotated by position, in x's dtype; cos/sin (seq, head_dim)."""
+    """x (..., head_dim) rotated by position, in x's dtype; cos/sin (seq, head_dim) broadcast against x
+    (unsqueezed to (seq, 1, head_dim) for x laid out (batch, seq, heads, head_dim))."""
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)

@@ -98,7 +98,7 @@ def run_local_experts(
     local_experts = w13.shape[0]
     local_expert = torch.arange(local_experts, device=rows.device).repeat(counts.shape[0])
     local_expert = local_expert.repeat_interleave(counts.reshape(-1), output_size=rows.shape[0])
-    plan = plan_routing(local_expert.unsqueeze(1), local_experts, backend.pad_multiple)
+    plan = plan_routing(local_expert.unsqueeze(1), local_experts, backend.pad_multiple, backend.nonempty_groups)
     expert_rows, expert_probs = permute_tokens(rows, probs.unsqueeze(1), plan)
     out = grouped_swiglu_experts(expert_rows, expert_probs, w13, w2, plan.group_ends, backend)
     return unpermute_tokens(out, plan)

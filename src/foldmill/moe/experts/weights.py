@@ -1,0 +1,53 @@
+"""Quantized copies of expert weights, made once per optimizer step instead of once per GEMM call.
+
+A copy is keyed by the weight tensor itself, its version counter and the number of optimizer steps
+taken in this process. In-place updates bump the version (`copy_` under no_grad, loading a
+checkpoint, foreach optimizers) but PyTorch's fused optimizers do not, so every torch.optim step
+also counts, through a global post-step hook. Each entry holds a reference to its weight, so the
+weight's memory cannot be reused by a new tensor while the entry lives. A weight that is a fresh
+tensor on every call (a cast of fp32 master weights) misses and is quantized again; the least
+recently used entries go.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
+class WeightCache:
+    def __init__(self, capacity: int = 4) -> None:
+        # One expert MLP has two weights, each needed in two layouts (forward and dgrad).
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, int], tuple[torch.Tensor, tuple[int, int], object]] = OrderedDict()
+
+    def get(self, tag: str, weight: torch.Tensor, make: Callable[[torch.Tensor], object]) -> object:
+        """make(weight), reused while `weight` is the same tensor, unchanged."""
+        key = (tag, id(weight))
+        state = (weight._version, _optimizer_steps)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is weight and entry[1] == state:
+            self._entries.move_to_end(key)
+            return entry[2]
+        value = make(weight)
+        self._entries[key] = (weight, state, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)

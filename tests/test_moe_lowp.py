@@ -1,0 +1,190 @@
+"""8-bit expert GEMMs on CPU (emulation): FP8 weight gradients, MXFP8 round trips, the weight cache,
+the MXFP8 route per compute capability, and the benchmark's MFU columns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
+from foldmill.moe.experts.mxfp8 import MXFP8Gemm, along_rows_values, round_trip, route_for_capability
+from foldmill.moe.experts.weights import WeightCache
+from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_weight_columns
+from foldmill.moe.quant.mx import quantize_mx
+from test_moe_quant import adversarial
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize(
+    ("capability", "route"),
+    [(None, "emulated"), ((8, 0), "exact_bf16"), ((9, 0), "exact_bf16"), ((10, 0), "block_scaled"),
+     ((12, 0), "block_scaled")],
+)
+def test_mxfp8_route_per_compute_capability(capability, route):
+    assert route_for_capability(capability) == route
+
+
+@pytest.mark.parametrize("optimizer_options", [{}, {"foreach": True}, {"fused": True}])
+def test_weight_cache_serves_a_copy_until_the_weight_changes(optimizer_options):
+    weight = torch.nn.Parameter(torch.randn(4, 8))
+    cache = WeightCache()
+    calls = []
+
+    def make(tensor):
+        calls.append(1)
+        return tensor.detach().clone()
+
+    first = cache.get("forward", weight, make)
+    assert cache.get("forward", weight, make) is first and len(calls) == 1
+    weight.grad = torch.randn(4, 8)
+    # The fused optimizer updates in place without bumping the version counter.
+    torch.optim.AdamW([weight], lr=0.1, **optimizer_options).step()
+    refreshed = cache.get("forward", weight, make)
+    assert len(calls) == 2 and not torch.equal(refreshed, first) and torch.equal(refreshed, weight.detach())
+    # A different tensor with the same values is another weight; old entries go beyond the capacity.
+    for _ in range(6):
+        cache.get("forward", weight.detach().clone(), make)
+    assert len(cache) == cache.capacity
+
+
+def grouped_rows(sizes: list[int], cols: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows in groups of very different magnitudes (so a wrong group's scale shows), with group ends."""
+    blocks = [torch.randn(size, cols, generator=generator) * 10.0 ** (group - 2) for group, size in enumerate(sizes)]
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    return torch.cat(blocks), ends
+
+
+def test_fp8_group_column_scales_factor_out_of_the_weight_gradient():
+    generator = torch.Generator().manual_seed(0)
+    dy, ends = grouped_rows([32, 0, 48, 16], 24, generator)
+    x = torch.randn(dy.shape[0], 40, generator=generator)
+    gemm = Fp8RowwiseGemm()
+    got = gemm.wgrad(dy, quantize_group_columns(x, ends), ends)
+    want = F.grouped_mm(dy.t().contiguous(), x, offs=ends)
+    assert torch.count_nonzero(got[1]) == 0  # the empty group's gradient
+    for group in (0, 2, 3):
+        assert relative(got[group], want[group]) < 0.08
+    data, scales = quantize_group_columns(dy, ends)
+    assert data.shape == (24, dy.shape[0]) and scales.shape == (4 * 24,)
+    # Each group's largest element per column lands on the E4M3 maximum.
+    assert torch.equal(data.float().abs().amax(dim=1), torch.full((24,), 448.0))
+
+
+def test_nonempty_groups_give_an_unchosen_expert_one_block_of_zero_rows():
+    from foldmill.moe.experts.routing import plan_routing
+
+    experts = torch.tensor([[0, 2], [2, 0], [0, 2]])  # expert 1 and 3 get no token
+    plan = plan_routing(experts, 4, 16, nonempty_groups=True)
+    sizes = torch.diff(plan.group_ends.long(), prepend=torch.zeros(1, dtype=torch.long))
+    assert sizes.tolist() == [16, 16, 16, 16] and plan.rows >= int(plan.group_ends[-1])
+    assert torch.all(plan.source_slots[16:32] == -1) and torch.all(plan.source_slots[48:64] == -1)
+    assert plan_routing(experts, 4, 16).group_ends.tolist() == [16, 16, 32, 32]
+
+
+def test_fp8_dgrad_weight_copy_scales_over_the_contraction():
+    weight = torch.randn(3, 64, 32) * torch.linspace(0.01, 10, 32)
+    data, scales = quantize_weight_columns(weight)
+    assert data.shape == (3, 32, 64) and scales.shape == (3, 32)
+    values = data.float() * scales.unsqueeze(-1)
+    assert relative(values, weight.transpose(-2, -1)) < 0.04
+
+
+def test_fp8_backend_quantizes_each_weight_once_per_version():
+    gemm = Fp8RowwiseGemm()
+    weight = torch.nn.Parameter(torch.randn(2, 32, 64) * 0.1)
+    x = torch.randn(64, 64)
+    ends = torch.tensor([32, 64], dtype=torch.int32)
+    y, saved = gemm.forward(x, weight, ends)
+    first = gemm.weights.get("forward", weight, lambda t: pytest.fail("weight was quantized again"))
+    gemm.forward(x, weight, ends)
+    assert gemm.weights.get("forward", weight, lambda t: pytest.fail("weight was quantized again")) is first
+    assert relative(y, F.grouped_mm(x, weight.detach().transpose(-2, -1), offs=ends)) < 0.06
+    assert saved[0].dtype == torch.float8_e4m3fn  # x is kept for wgrad in 8 bits, not in fp32
+
+
+def test_mxfp8_round_trip_gives_the_exact_values_of_both_block_directions():
+    generator = torch.Generator().manual_seed(2)
+    x = adversarial(64, 96, generator)
+    by_cols, by_rows, kept = round_trip(x, along_cols=True, along_rows=True, keep_along_rows=True)
+    assert torch.equal(by_cols.nan_to_num(7.0), quantize_mx(x).dequantize().nan_to_num(7.0))
+    want_rows = quantize_mx(x.t()).dequantize().t()
+    assert torch.equal(by_rows.nan_to_num(7.0), want_rows.nan_to_num(7.0))
+    assert kept.data.dtype == torch.float8_e4m3fn and kept.scale.shape == (96, 2)
+    assert torch.equal(along_rows_values(kept).nan_to_num(7.0), want_rows.nan_to_num(7.0))
+
+
+def test_mxfp8_backend_gradients_equal_the_dequantized_products():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(96, 64, generator=generator)
+    w = torch.randn(3, 32, 64, generator=generator)
+    dy = torch.randn(96, 32, generator=generator)
+    ends = torch.tensor([32, 32, 96], dtype=torch.int32)
+    gemm = MXFP8Gemm()
+    y, saved = gemm.forward(x, w, ends)
+    dx, dw = gemm.backward(dy, w, saved, ends)
+    q = lambda t: quantize_mx(t).dequantize()  # noqa: E731 - blocks along the last dimension
+    assert torch.allclose(y, F.grouped_mm(q(x), q(w).transpose(-2, -1), offs=ends), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(dx, F.grouped_mm(q(dy), q(w.transpose(-2, -1)).transpose(-2, -1), offs=ends),
+                          rtol=1e-5, atol=1e-5)
+    assert torch.allclose(dw, F.grouped_mm(q(dy.t()), q(x.t()).t(), offs=ends), rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(dw[1]) == 0
+
+
+def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
+    from foldmill.bench.moe import add_mfu, markdown_table
+
+    bf16 = {"variant": "foldmill grouped", "tflops": 494.5}
+    fp8 = {"variant": "foldmill fp8_rowwise", "tflops": 989.5}
+    add_mfu(bf16, "bf16", {"bf16": 790.0, "fp8": 1280.0})
+    add_mfu(fp8, "fp8", {"bf16": 790.0, "fp8": 1280.0})
+    assert bf16["mfu_spec"] == 0.5 and bf16["mfu_measured"] == round(494.5 / 790, 3)
+    assert fp8["mfu_spec"] == 0.5 and fp8["mfu_bf16_spec"] == 1.001 and fp8["mfu_measured"] == round(989.5 / 1280, 3)
+    table = markdown_table([bf16, fp8])
+    header = table.splitlines()[0]
+    assert header.startswith("| variant | tflops | precision | mfu_spec | mfu_bf16_spec | mfu_measured |")
+
+
+COMPILE_CASES = {
+    # kernel name: (module, pointer dtypes, integer arguments, constants)
+    "_dual_kernel": (
+        "foldmill.moe.kernels.mx_quant",
+        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
+         "mx_scale_ptr": "*u8"},
+        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
+    ),
+    "_dequantize_rows_kernel": (
+        "foldmill.moe.kernels.mx_quant",
+        {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},
+        ("rows", "cols"),
+        {"BLOCK_C": 64},
+    ),
+    "_group_columns_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "ends_ptr": "*i32"},
+        ("cols", "stride_b", "stride_r", "stride_c", "out_stride_g", "out_stride_c"),
+        {"LOCAL_ROWS": 0, "BLOCK_R": 32, "BLOCK_C": 64},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILE_CASES))
+def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
+    """Ahead-of-time sm_90 builds (no GPU needed) with the launch options the wrappers use."""
+    import importlib
+
+    from kernel_testing import HAS_TRITON, local_memory_instructions, sm90_compiled
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    module, pointers, integers, constants = COMPILE_CASES[name]
+    kernel = getattr(importlib.import_module(module), name)
+    signature = {**pointers, **dict.fromkeys(integers, "i32")}
+    compiled = sm90_compiled(kernel, signature, constants, num_warps=4, num_stages=3, divisible_by_16=list(pointers))
+    assert compiled.metadata.shared <= 228 * 1024
+    assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
