@@ -111,15 +111,23 @@ def write_taxonomy(target: Path, taxids: list[int]) -> None:
     Path(f"{target}_merged.dmp").write_text("")
 
 
+def build_test_databases(mmseqs: str, root: Path) -> Path:
+    """The UniRef30-like and environmental test databases, from tests/data/msas, in `root`/db."""
+    a3ms = sorted((Path(__file__).parent / "data" / "msas").glob("*.a3m"))
+    build(mmseqs, a3ms, root / "db", "uniref30_test", root / "work_uniref", min_seq_id=0.3)
+    build(mmseqs, a3ms, root / "db", "colabfold_envdb_test", root / "work_env", min_seq_id=0.5)
+    return root / "db"
+
+
 if __name__ == "__main__":
     # python tests/colabfold_db.py DIR: the test databases (UniRef30-like and environmental) in DIR,
     # e.g. for `foldmill bench msa --database DIR`.
+    import shutil
     import sys
     import tempfile
 
     from foldmill.msa.mmseqs import mmseqs_binary
 
-    a3ms = sorted((Path(__file__).parent / "data" / "msas").glob("*.a3m"))
     with tempfile.TemporaryDirectory() as work:
-        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "uniref30_test", Path(work) / "uniref", min_seq_id=0.3)
-        build(mmseqs_binary(), a3ms, Path(sys.argv[1]), "colabfold_envdb_test", Path(work) / "env", min_seq_id=0.5)
+        built = build_test_databases(mmseqs_binary(), Path(work))
+        shutil.copytree(built, sys.argv[1], dirs_exist_ok=True)

@@ -35,3 +35,14 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return DATA
+
+
+@pytest.fixture(scope="session")
+def database(tmp_path_factory: pytest.TempPathFactory):
+    """The small ColabFold-format databases of the MSA tests (tests/colabfold_db.py), built once."""
+    import colabfold_db
+    from foldmill.msa import colabfold
+    from foldmill.msa.mmseqs import mmseqs_binary
+
+    root = colabfold_db.build_test_databases(mmseqs_binary(), tmp_path_factory.mktemp("colabfold"))
+    return colabfold.ColabFoldDatabases.find(root)

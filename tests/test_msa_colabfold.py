@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-import colabfold_db
 from foldmill.errors import FoldmillError
 from foldmill.msa import colabfold
 from foldmill.msa.mmseqs import mmseqs_binary
@@ -45,15 +44,6 @@ def query_of(a3m: Path) -> str:
     lines = a3m.read_text().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(">"))
     return lines[first + 1].strip()
-
-
-@pytest.fixture(scope="module")
-def database(tmp_path_factory) -> colabfold.ColabFoldDatabases:
-    root = tmp_path_factory.mktemp("colabfold_db")
-    a3ms = sorted(MSAS.glob("*.a3m"))
-    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "uniref30_test", root / "work_uniref", min_seq_id=0.3)
-    colabfold_db.build(mmseqs_binary(), a3ms, root / "db", "colabfold_envdb_test", root / "work_env", min_seq_id=0.5)
-    return colabfold.ColabFoldDatabases.find(root / "db")
 
 
 def colabfold_search(fasta: Path, database: colabfold.ColabFoldDatabases, out: Path) -> None:
