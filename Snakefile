@@ -14,6 +14,7 @@ configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/checks.smk"
 
 
 rule all:

@@ -1,15 +1,11 @@
 # Fold: one job per shard. The Ray replica executor (src/foldmill/executor) folds the shard's
 # targets on every GPU of the job (or CPU replicas with model.device cpu), writes
 # OUTDIR/predictions/<target_id>/ per target and the shard's fold table. Reruns skip written targets.
-from snakemake.exceptions import WorkflowError
-
 FOLD_ON_GPU = config["model"]["device"] == "cuda"
-# CPUs of a fold job's local Ray instance: executor.cpus, else every core Snakemake has. Cluster
-# executors run without --cores: there the job's CPUs come from the cpus_per_gpu resource.
-try:
-    FOLD_THREADS = config["executor"]["cpus"] or max(1, int(workflow.cores))
-except WorkflowError:
-    FOLD_THREADS = 1
+# CPUs per node of a fold job, the same number in its sbatch request (the Slurm plugin's
+# --cpus-per-task), in the job step's srun and for the job's Ray instance: executor.cpus, else
+# slurm.cpus_per_gpu per GPU (per job on CPU). Never derived from --cores, which differs inside a job.
+FOLD_CPUS = config["executor"]["cpus"] or SLURM["cpus_per_gpu"] * max(1, SLURM["gpus_per_node"] if FOLD_ON_GPU else 1)
 
 
 rule fold:
@@ -28,8 +24,9 @@ rule fold:
         executor=config["executor"],
         outputs=config["outputs"],
         ray_start_timeout_s=config["slurm"]["ray_start_timeout_s"],
-    threads: FOLD_THREADS
+    threads: FOLD_CPUS
     resources:
+        attempt=lambda wildcards, attempt: attempt,
         gpu=shard_gpu if FOLD_ON_GPU else 0,
         gres=shard_gres if FOLD_ON_GPU else "",
         nodes=shard_nodes,
