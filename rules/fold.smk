@@ -15,7 +15,9 @@ rule fold:
         msa=OUTDIR / "staged/msa_manifest.tsv",
         templates=OUTDIR / "staged/templates_manifest.tsv",
     output:
-        OUTDIR / "fold/{shard}.tsv",
+        table=OUTDIR / "fold/{shard}.tsv",
+        # Per target: shard, Slurm job id, node, status, seconds (foldmill.runtime.job_log).
+        jobs=OUTDIR / "fold/{shard}.jobs.tsv",
     wildcard_constraints:
         shard=r"shard_\d+",
     params:
