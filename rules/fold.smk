@@ -17,7 +17,7 @@ rule fold:
     output:
         table=OUTDIR / "fold/{shard}.tsv",
         # Per target: shard, Slurm job id, node, status, seconds (foldmill.runtime.job_log).
-        jobs=OUTDIR / "fold/{shard}.jobs.tsv",
+        jobs=LOGDIR / "fold/{shard}.jobs.tsv",
     wildcard_constraints:
         shard=r"shard_\d+",
     params:

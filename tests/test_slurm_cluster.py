@@ -297,6 +297,15 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
     assert {job["Partition"] for job in jobs if _rule(job) != "fold"} == {"cpu"}
     assert {job["Account"] for job in jobs} == {"mylab"} and {job["QOS"] for job in jobs} <= {"normal", "(null)"}
     assert {job["JobState"] for job in jobs if job is not shards_attempts[0]} == {"COMPLETED"}
+    # Visibility: Slurm's log of every job is kept, successful ones too, and each target has a line
+    # saying which shard, job and node folded it.
+    for job in jobs:
+        assert list((tmp_path / ".snakemake/slurm_logs").glob(f"**/{job['JobId']}.log")), job
+    per_target = pd.concat(pd.read_csv(path, sep="\t", dtype=str) for path in (results / "logs/fold").glob("*.jobs.tsv"))
+    assert sorted(per_target["target_id"]) == sorted(target_ids) and set(per_target["status"]) == {"ok"}
+    fold_jobs = {job["JobId"]: job for job in jobs if _rule(job) == "fold"}
+    for row in per_target.itertuples():
+        assert fold_jobs[row.job_id]["Comment"].endswith(row.shard) and fold_jobs[row.job_id]["NodeList"] == row.node
 
     # README.md's command: a rerun finds everything done and submits nothing.
     job_count = len(slurm_cluster.jobs())

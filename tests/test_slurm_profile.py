@@ -202,9 +202,10 @@ def test_each_folded_target_gets_a_line_with_its_shard_job_and_node(tmp_path, ca
         "Q2\tfailed\tout of memory\t9000\t3.0\tgpu1@gpu07\t\n"
     )
     with caplog.at_level(logging.INFO, logger="foldmill.runtime.job_log"):
-        path = write_job_table(fold_table, "shard_0003", {"SLURM_JOB_ID": "4711", "SLURMD_NODENAME": "gpu07"})
+        path = tmp_path / "shard_0003.jobs.tsv"
+        write_job_table(fold_table, "shard_0003", path, {"SLURM_JOB_ID": "4711", "SLURMD_NODENAME": "gpu07"})
     table = pd.read_csv(path, sep="\t", dtype=str)
-    assert path.name == "shard_0003.jobs.tsv" and list(table.columns) == JOB_TABLE_COLUMNS
+    assert list(table.columns) == JOB_TABLE_COLUMNS
     assert table.values.tolist() == [
         ["Q1", "shard_0003", "4711", "gpu07", "ok", "81.2"],
         ["Q2", "shard_0003", "4711", "gpu07", "failed", "3.0"],

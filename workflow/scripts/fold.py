@@ -31,7 +31,7 @@ def main(snakemake) -> None:
             Staging(Path(snakemake.input.msa).parent),
             OutputSettings(snakemake.params.outputs["top_k"], snakemake.params.outputs["write_pdb"]),
         )
-    write_job_table(snakemake.output.table, snakemake.wildcards.shard)
+    write_job_table(snakemake.output.table, snakemake.wildcards.shard, snakemake.output.jobs)
     if run.abort_reason:
         raise FoldmillError(f"{snakemake.wildcards.shard}: {run.abort_reason}")
 

@@ -66,10 +66,9 @@ def _snakemake(workdir: Path, *args: str, profile: Path | None = None) -> float:
 
 
 def _prepare(workdir: Path, shards: int, cores: int) -> None:
-    """A proteome of `shards` proteins split into `shards` shards, built by the workflow."""
+    """A proteome of `shards` proteins of one length (so each is a shard of its own), built by the workflow."""
     rng = np.random.default_rng(0)
-    lengths = rng.integers(50, 800, shards)
-    fasta = "".join(f">SYN{index:06d}\n{random_protein(int(length), rng)}\n" for index, length in enumerate(lengths))
+    fasta = "".join(f">SYN{index:06d}\n{random_protein(300, rng)}\n" for index in range(shards))
     (workdir / "proteome.fasta").write_text(fasta)
     (workdir / "config.yaml").write_text(
         "inputs: [proteome.fasta]\n"
