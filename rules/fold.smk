@@ -8,6 +8,24 @@ FOLD_ON_GPU = config["model"]["device"] == "cuda"
 FOLD_CPUS = config["executor"]["cpus"] or SLURM["cpus_per_gpu"] * max(1, SLURM["gpus_per_node"] if FOLD_ON_GPU else 1)
 
 
+rule check_model:
+    input:
+        # Nothing to read for the demo model's seeded weights.
+        checkpoint=lambda wildcards: [] if config["model"]["checkpoint"] == "demo" else [config["model"]["checkpoint"]],
+    output:
+        MODEL_CHECK,
+    params:
+        checkpoint=config["model"]["checkpoint"],
+    localrule: True
+    retries: 0  # a bad checkpoint stays bad
+    log:
+        LOGDIR / "check_model.log",
+    conda:
+        env_path("foldmill.yaml")
+    script:
+        script_path("check_model.py")
+
+
 rule fold:
     input:
         # The shard's worklist rows, written by the `shards` checkpoint.

@@ -148,7 +148,10 @@ def test_local_profile_shares_the_configured_gpus(monkeypatch):
 def test_sinfo_gives_the_largest_node_of_each_partition():
     from foldmill.runtime.slurm_fit import DEFAULT_PARTITION, NodeCapacity, parse_sinfo
 
-    listing = "cpu*|2|24105|gpu:2\ncpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\nbig|128+|2000000|gpu:a100:2,shard:8\n"
+    listing = (
+        "cpu*|2|24105|gpu:2\ncpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n"
+        "big|128+|2000000|gpu:a100:2,shard:8\n"
+    )
     partitions = parse_sinfo(listing)
     assert partitions["cpu"] == partitions[DEFAULT_PARTITION] == NodeCapacity(cpus=64, mem_mb=512000, gpus=2)
     assert partitions["gpu"] == NodeCapacity(cpus=32, mem_mb=256000, gpus=4)
@@ -211,3 +214,12 @@ def test_each_folded_target_gets_a_line_with_its_shard_job_and_node(tmp_path, ca
         ["Q2", "shard_0003", "4711", "gpu07", "failed", "3.0"],
     ]
     assert "target Q1 shard shard_0003 job 4711 node gpu07 status ok seconds 81.2" in caplog.messages
+
+
+def test_cuda_fold_jobs_without_gpus_are_refused_before_planning_anything():
+    from foldmill.errors import FoldmillError
+    from foldmill.runtime.slurm_plan import check_plan
+
+    refused = "^model.device is cuda but slurm.gpus_per_node is 0: fold jobs would get no GPU$"
+    with pytest.raises(FoldmillError, match=refused):
+        check_plan(None, fold_cpus=8, fold_gpus=0, fold_mem_mb=16000, device="cuda")

@@ -39,7 +39,9 @@ groups:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("planning", help="seconds `snakemake -n` with the Slurm profile takes per shard count")
+    parser = subparsers.add_parser(
+        "planning", help="seconds `snakemake -n` with the Slurm profile takes per shard count"
+    )
     parser.add_argument("--shards", default="100,1000,10000", help="shard counts, comma-separated")
     parser.add_argument("--with-groups", action="store_true", help="also time the profile with the outputs grouped")
     parser.add_argument("--cores", type=int, default=2, help="cores for building the worklist and shards (untimed)")
