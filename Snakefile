@@ -17,6 +17,7 @@ if not config and not workflow.config_settings.configfiles:
 
 
 include: "rules/common.smk"
+include: "rules/checks.smk"
 
 
 # Ctrl-C or SIGTERM to Snakemake alone stops running jobs too (foldmill.runtime.job_signals).

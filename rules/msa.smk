@@ -7,6 +7,7 @@ rule stage_msas:
         chains=rules.worklist.output.chains,
         worklist=rules.worklist.output.tsv,
         checked=rules.check_worklist.output[0],
+        model_check=ancient(MODEL_CHECK),
         database=msa_database_input,
     output:
         manifest=OUTDIR / "staged/msa_manifest.tsv",
@@ -15,6 +16,10 @@ rule stage_msas:
         msa=config["msa"],
         cache_dir=config["msa"]["cache_dir"] or str(OUTDIR / "staged/cache/msa"),
     threads: config["msa"]["threads"]
+    resources:
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=staging_mem_mb(256000, LOGDIR / "stage_msas.log"),
+        runtime=grown(720, LOGDIR / "stage_msas.log", cap=0),
     log:
         LOGDIR / "stage_msas.log",
     conda:

@@ -3,7 +3,9 @@
 #     resources: gpu=shard_gpu, gres=shard_gres, nodes=shard_nodes, mem_mb=shard_mem_mb, runtime=shard_runtime
 # One node: `gpu` GPUs (sbatch --gpus). Several nodes: `gres` gpu:N per node instead, since --gpus
 # counts GPUs across the whole job. Memory and runtime follow the shard's tokens and grow with
-# the attempt, so a job that ran out of either is retried with more.
+# the attempt, so a job that ran out of either is retried with more (runtime/retry.py: not after
+# an error that more memory cannot fix), up to slurm.max_mem_mb.
+from foldmill.runtime import retry
 from foldmill.runtime.sharding import JobSizing, job_resources, read_manifest
 
 SLURM = config["slurm"]
@@ -22,7 +24,28 @@ def shard_ids(wildcards):
 
 def _shard_job(wildcards, attempt):
     stats = read_manifest(checkpoints.shards.get().output[0])[wildcards.shard]
-    return job_resources(stats, JOB_SIZING, shard_nodes * SLURM["gpus_per_node"], attempt)
+    growth = retry.growth(LOGDIR / f"fold/{wildcards.shard}.log", attempt)
+    return job_resources(stats, JOB_SIZING, shard_nodes * SLURM["gpus_per_node"], growth)
+
+
+def grown(base, log, cap=SLURM["max_mem_mb"]):
+    """A resource function: `base` times the retry growth of the job logging to `log`, at most `cap` (0 = none)."""
+
+    def resource(wildcards, attempt):
+        value = base * retry.growth(log, attempt)
+        return min(value, cap) if cap else value
+
+    return resource
+
+
+def staging_mem_mb(largest, log):
+    """Memory of a batched MMseqs2 search: twice its database and queries (4 GB to `largest`), grown on retry."""
+
+    def resource(wildcards, input, attempt):
+        value = min(largest, max(4000, 2 * input.size_mb)) * retry.growth(log, attempt)
+        return min(value, SLURM["max_mem_mb"]) if SLURM["max_mem_mb"] else value
+
+    return resource
 
 
 def shard_mem_mb(wildcards, attempt):
@@ -36,18 +59,19 @@ def shard_runtime(wildcards, attempt):
 
 checkpoint shards:
     input:
-        rules.worklist.output.tsv,
+        worklist=rules.worklist.output.tsv,
+        model_check=ancient(MODEL_CHECK),
         checked=rules.check_worklist.output[0],
     output:
         directory(SHARD_DIR),
     params:
         tokens_per_shard=config["sharding"]["tokens_per_shard"],
         max_shards=config["sharding"]["max_shards"],
-        simulate_oom_below_mem_mb=SLURM["simulate_oom_below_mem_mb"],
     resources:
         # The whole worklist is read at once; a retry gets more memory and time.
-        mem_mb=lambda wildcards, attempt: 2000 * attempt,
-        runtime=lambda wildcards, attempt: 15 * attempt,
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=grown(2000, LOGDIR / "shards.log"),
+        runtime=grown(15, LOGDIR / "shards.log", cap=0),
     log:
         LOGDIR / "shards.log",
     conda:

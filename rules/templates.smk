@@ -6,6 +6,7 @@ rule stage_templates:
     input:
         worklist=rules.worklist.output.tsv,
         checked=rules.check_worklist.output[0],
+        model_check=ancient(MODEL_CHECK),
         seqres=template_search_inputs,
     output:
         manifest=OUTDIR / "staged/templates_manifest.tsv",
@@ -14,6 +15,10 @@ rule stage_templates:
         templates=config["templates"],
         cache_dir=config["templates"]["cache_dir"] or str(OUTDIR / "staged/cache/templates"),
     threads: config["templates"]["threads"]
+    resources:
+        attempt=lambda wildcards, attempt: attempt,
+        mem_mb=staging_mem_mb(128000, LOGDIR / "stage_templates.log"),
+        runtime=grown(360, LOGDIR / "stage_templates.log", cap=0),
     log:
         LOGDIR / "stage_templates.log",
     conda:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import foldmill.bench
+
 REPO = Path(__file__).resolve().parents[1]
-BENCHES = ("forward", "throughput", "score", "kernels", "moe")
+BENCHES = sorted(m.name for m in pkgutil.iter_modules(foldmill.bench.__path__) if not m.name.startswith("_"))
 
 
 def default_out(name: str) -> Path:
     module = importlib.import_module(f"foldmill.bench.{name}")
     parser = argparse.ArgumentParser()
-    module.register(parser.add_subparsers(dest="bench"))
-    return Path(parser.parse_args([name]).out)
+    subparsers = parser.add_subparsers(dest="bench")
+    module.register(subparsers)
+    required = [a.option_strings[0] for a in subparsers.choices[name]._actions if a.required and a.option_strings]
+    return Path(parser.parse_args([name, *(part for option in required for part in (option, "x"))]).out)
 
 
 @pytest.mark.parametrize("name", BENCHES)

@@ -67,8 +67,8 @@ def test_minimal_config_plans_the_released_recipe_and_no_moe(tmp_path):
     assert "foldmill: model demo (random weights, not real structures), device auto; recipe 3 recycling steps, " \
            "200 sampling steps, 1 sample(s), seed 0; targets up to 6000 tokens; MoE pretraining off" in done.stderr
     jobs = set(re.findall(r"^(\w+)\s+\d+$", done.stdout.split("Job stats:")[1].split("total")[0], re.M))
-    assert jobs == {"worklist", "check_worklist", "shards", "stage_msas", "stage_templates", "summary", "filter",
-                    "export", "report_figures", "report", "all"}  # fmt: skip
+    assert jobs == {"check_model", "worklist", "check_worklist", "shards", "stage_msas", "stage_templates",
+                    "summary", "filter", "export", "report_figures", "report", "all"}  # fmt: skip
     resolved = load_config(minimal_config(tmp_path))
     assert resolved["model"]["device"] == "auto"
     assert resolved["model"]["recipe"] == {"recycling_steps": 3, "sampling_steps": 200, "diffusion_samples": 1,

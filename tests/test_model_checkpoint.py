@@ -186,3 +186,18 @@ def test_model_imports_without_cuequivariance(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_check_checkpoint_validates_keys_and_shapes_without_building_weights(tmp_path, weights):
+    from foldmill.model.checkpoint import check_checkpoint
+
+    summary = check_checkpoint(save_lightning_checkpoint(tmp_path / "ok.ckpt", weights))
+    assert f"{len(weights)} tensors" in summary and "keys and shapes match" in summary
+    reshaped = dict(weights, **{"s_recycle.weight": torch.zeros(3, 3)})
+    with pytest.raises(CheckpointError, match=r"s_recycle.weight \(3, 3\) != \(64, 64\)"):
+        check_checkpoint(save_lightning_checkpoint(tmp_path / "shape.ckpt", reshaped))
+    with pytest.raises(CheckpointError, match="checkpoint file not found"):
+        check_checkpoint(tmp_path / "absent.ckpt")
+    (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a PyTorch zip-format weights file"):
+        check_checkpoint(tmp_path / "garbage.ckpt")

@@ -2,10 +2,12 @@
 slurmd (two virtual nodes with two fake GPUs each) on this machine; every daemon it started is
 stopped at the end, also when a test fails.
 
-Covered: the demo workflow through `snakemake --profile profiles/slurm` and the Slurm executor
-plugin (GPU jobs asking for fake GPUs while the demo model runs on CPU), its outputs, the Slurm
-jobs it submitted, a failed job retried with more memory, a rerun that does nothing, and a Ray
-cluster started across the two nodes of one allocation (foldmill.runtime.ray_slurm)."""
+Covered: the cluster user's walkthrough of profiles/README.md, its commands run as written (and
+README.md's): a job no node can run and a corrupt checkpoint each stop the run in one line before
+any staging job, the dry run, the real run through fold, summary and export with a job that dies
+for memory retried with more, CPUs consistent from sbatch to the job step, and a rerun that does
+nothing; and a Ray cluster started across the two nodes of one allocation (foldmill.runtime.ray_slurm).
+"""
 
 from __future__ import annotations
 
@@ -25,24 +27,25 @@ from pathlib import Path
 import gemmi
 import pandas as pd
 import pytest
-import yte
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
-# How the workflow test shapes the run: 3 small demo proteins in 2 shards (2 GPU jobs); the
-# `shards` job gets 2000 MB on attempt 1 and fails as if out of memory below 3000 MB.
+# The walkthrough's my_proteome.yaml for this cluster (nodes of 2 CPUs, no real GPU): 3 small demo
+# proteins in 2 shards, the demo model on CPU with a short recipe.
 TEST_CONFIG = """\
-outdir: results
 inputs: [proteins.fasta]
 sharding: {tokens_per_shard: 60}
 model: {checkpoint: demo, device: cpu, recipe: {recycling_steps: 0, sampling_steps: 2, diffusion_samples: 1}}
 msa: {threads: 1}
 templates: {threads: 1}
 export: {tar_gz: true}
-slurm: {mem_mb_per_gpu: 2000, mem_mb_per_token: 1, startup_minutes: 5, simulate_oom_below_mem_mb: 3000}
+slurm: {cpus_per_gpu: 1, mem_mb_per_gpu: 2000, mem_mb_per_token: 1, startup_minutes: 5}
+moe: {enabled: false}
 """
+# Workflow files a user's checkout has; the walkthrough runs in a directory linking to them.
+CHECKOUT = ("Snakefile", "rules", "workflow", "envs", "config", "profiles", "src")
 
 
 @dataclass
@@ -99,11 +102,12 @@ def slurm_cluster():
         "FOLDMILL_SLURM_NODES": str(NODES),
         "FOLDMILL_SLURM_PORT": str(_free_port()),
         "SLURM_CONF": str(state_dir / "etc/slurm.conf"),
-        # Profile knobs for this tiny cluster (profiles/README.md): setting an account stops the
-        # plugin from guessing one through sacct; the nodes have 2 CPUs each.
-        "FOLDMILL_SLURM_ACCOUNT": "foldmill-ci",
-        "FOLDMILL_CPUS_PER_GPU": "1",
     }
+    # The profile's knobs come from the walkthrough's own export lines only.
+    for name in [name for name in env if name.startswith("FOLDMILL_") and not name.startswith("FOLDMILL_SLURM_")]:
+        del env[name]
+    for name in ("FOLDMILL_SLURM_ACCOUNT", "FOLDMILL_SLURM_QOS", "FOLDMILL_SLURM_STATUS_COMMAND"):
+        env.pop(name, None)
     cluster = Cluster(state_dir, env)
     try:
         started = cluster.run(str(REPO / "scripts/slurm/start.sh"), str(state_dir), timeout=120)
@@ -165,37 +169,34 @@ def ray_probe(slurm_cluster, tmp_path_factory):
     return submitted.stdout.strip(), workdir
 
 
-def _set_resources_with_gpu_fold(env: dict[str, str]) -> list[str]:
-    """The profile's set-resources plus fold:gpu=1 (on the command line they replace the profile's).
-
-    rules/fold.smk asks for no GPU with model.device cpu; the CI cluster's point is to run the
-    GPU jobs as GPU jobs, so the demo's CPU model still gets its fake GPU.
-    """
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        with open(REPO / "profiles/slurm/config.yaml") as stream:
-            profile = yte.process_yaml(stream, require_use_yte=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    rules = {rule: dict(values) for rule, values in profile["set-resources"].items()}
-    rules["fold"]["gpu"] = 1
-    return ["--set-resources", *(f"{rule}:{key}={value}" for rule, values in rules.items() for key, value in values.items())]
+def documented_commands() -> tuple[list[str], list[str]]:
+    """The `export` lines of profiles/README.md and every Slurm-profile snakemake command line of
+    README.md and profiles/README.md, as written (from their ```bash blocks, comments dropped)."""
+    exports, commands = [], []
+    for doc in ("README.md", "profiles/README.md"):
+        for block in re.findall(r"```bash\n(.*?)```", (REPO / doc).read_text(), flags=re.DOTALL):
+            for line in block.splitlines():
+                line = line.split(" # ")[0].strip()
+                if line.startswith("export ") and doc == "profiles/README.md":
+                    exports.append(line)
+                elif "snakemake --profile profiles/slurm" in line and line not in commands:
+                    commands.append(line)
+    return exports, commands
 
 
-def _snakemake(cluster: Cluster, workdir: Path) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable, "-m", "snakemake",
-        "-s", str(REPO / "Snakefile"),
-        "--directory", str(workdir),
-        "--configfile", str(workdir / "config.yaml"),
-        "--profile", str(REPO / "profiles/slurm"),
-        # A small test cluster answers fast: poll sooner than the plugin's default 40 s.
-        "--slurm-init-seconds-before-status-checks", "5",
-        *_set_resources_with_gpu_fold(cluster.env),
-    ]  # fmt: skip
-    return cluster.run(*command, timeout=600)
+def _checkout(workdir: Path) -> None:
+    """Make `workdir` look like the foldmill checkout the documents' commands run in."""
+    for name in CHECKOUT:
+        (workdir / name).symlink_to(REPO / name)
+    (workdir / ".venv").symlink_to(Path(sys.executable).parents[1])
+
+
+def _run_documented(cluster: Cluster, workdir: Path, command: str, **environ: str) -> subprocess.CompletedProcess:
+    """A documented command line, after the walkthrough's export lines, in bash in `workdir`."""
+    exports, _ = documented_commands()
+    env = {**cluster.env, "PATH": f"{Path(sys.executable).parent}:{cluster.env['PATH']}", **environ}
+    script = "\n".join([*exports, command])
+    return subprocess.run(["bash", "-ec", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _describe(jobs: list[dict[str, str]], workdir: Path) -> str:
@@ -209,18 +210,59 @@ def _describe(jobs: list[dict[str, str]], workdir: Path) -> str:
     return "\n".join(lines)
 
 
-def _run_id(output: str) -> str:
-    return re.search(r"SLURM run ID: (\S+)", output).group(1)
+def _run_jobs(cluster: Cluster, output: str) -> list[dict[str, str]]:
+    """The Slurm jobs of one Snakemake run (the plugin names each job after the run id)."""
+    found = re.search(r"SLURM run ID: (\S+)", output)
+    return [job for job in cluster.jobs() if found and job["JobName"] == found.group(1)]
 
 
-def test_demo_workflow_runs_on_slurm_with_gpu_jobs_retries_and_a_noop_rerun(slurm_cluster, ray_probe, tmp_path):
+def _rule(job: dict[str, str]) -> str:
+    return re.sub(r"^rule_|_wildcards_.*", "", job["Comment"])
+
+
+def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slurm_cluster, ray_probe, tmp_path):
+    exports, commands = documented_commands()
+    dry_run = "snakemake --profile profiles/slurm --configfile my_proteome.yaml -n"
+    run = "snakemake --profile profiles/slurm --configfile my_proteome.yaml"
+    rerun = ".venv/bin/snakemake --profile profiles/slurm --configfile my_proteome.yaml"  # README.md's
+    assert sorted(commands) == sorted([dry_run, run, rerun]), "a documented command this test does not run"
+    assert any("FOLDMILL_SLURM_ACCOUNT=" in line for line in exports) and any("QOS" in line for line in exports)
+    _checkout(tmp_path)
     records = (REPO / "config/demo/proteome.fasta").read_text().split(">")[1:4]
     (tmp_path / "proteins.fasta").write_text("".join(">" + record for record in records))
-    (tmp_path / "config.yaml").write_text(TEST_CONFIG)
     target_ids = [record.split()[0] for record in records]
+    config = tmp_path / "my_proteome.yaml"
+    jobs_before = len(slurm_cluster.jobs())
 
-    first = _snakemake(slurm_cluster, tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
+    # A job no node can run (msa.threads defaults to 8 CPUs; the nodes have 2): one line, nothing queued.
+    config.write_text(TEST_CONFIG.replace("msa: {threads: 1}\n", ""))
+    too_big = _run_documented(slurm_cluster, tmp_path, run)
+    assert too_big.returncode == 1, too_big.stdout + too_big.stderr
+    assert (
+        "stage_msas: asks 8 CPUs per node (largest node: 2) in partition 'cpu': it would stay PENDING "
+        "forever; lower msa.threads or pick another partition"
+    ) in too_big.stderr
+    assert len(slurm_cluster.jobs()) == jobs_before
+
+    # A corrupt checkpoint fails the local check_model once, in one line, before any staging job.
+    (tmp_path / "boltz2_conf.ckpt").write_bytes(b"not a checkpoint")
+    config.write_text(TEST_CONFIG.replace("checkpoint: demo", "checkpoint: boltz2_conf.ckpt"))
+    bad_model = _run_documented(slurm_cluster, tmp_path, run)
+    output = bad_model.stdout + bad_model.stderr
+    assert bad_model.returncode == 1, output
+    assert "foldmill: error: boltz2_conf.ckpt: not a PyTorch zip-format weights file" in output
+    assert output.count("Error in rule check_model") == 1 and "Trying to restart" not in output
+    assert {_rule(job) for job in _run_jobs(slurm_cluster, output)} <= {"worklist"}
+
+    # The fixed config: dry run, then the real run (the shards job dies for memory on its first attempt).
+    config.write_text(TEST_CONFIG)
+    planned = _run_documented(slurm_cluster, tmp_path, dry_run)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert re.search(r"^fold\s", planned.stdout, flags=re.MULTILINE) is None  # fold jobs exist once shards ran
+    assert re.search(r"^stage_msas\s+1$", planned.stdout, flags=re.MULTILINE), planned.stdout
+    first = _run_documented(slurm_cluster, tmp_path, run, FOLDMILL_TEST_OOM_BELOW_MB="3000")
+    output = first.stdout + first.stderr
+    assert first.returncode == 0, output
 
     # Outputs: every target folded and summarized, mmCIF that gemmi reads, export and report.
     results = tmp_path / "results"
@@ -230,38 +272,44 @@ def test_demo_workflow_runs_on_slurm_with_gpu_jobs_retries_and_a_noop_rerun(slur
     for target_id in target_ids:
         model = next((results / "predictions" / target_id).glob("*.cif"))
         assert gemmi.read_structure(str(model))[0].count_atom_sites() > 0
-    shard_tables = sorted((results / "fold").glob("shard_*.tsv"))
-    assert [p.stem for p in shard_tables] == ["shard_0000", "shard_0001"]
+    assert [p.stem for p in sorted((results / "fold").glob("shard_*.tsv"))] == ["shard_0000", "shard_0001"]
     assert (results / "filter/passed.tsv").exists() and (results / "export.tar.gz").stat().st_size > 0
     assert (results / "report/throughput.png").stat().st_size > 0
 
-    # The Slurm jobs of this run (the plugin names each job after the run id).
-    jobs = [job for job in slurm_cluster.jobs() if job["JobName"] == _run_id(first.stdout + first.stderr)]
-    by_rule = Counter(re.sub(r"_wildcards_.*", "", job["Comment"]) for job in jobs)
-    assert by_rule == {
-        "rule_worklist": 1,
-        "rule_stage_msas": 1,
-        "rule_stage_templates": 1,
-        "rule_shards": 2,  # attempt 1 failed, attempt 2 succeeded
-        "rule_fold": 2,  # one GPU job per shard
-        "rule_outputs_export_export_archive_filter_report_figures_summary": 1,  # one grouped job
-    }, _describe(jobs, tmp_path)
-    shards_attempts = sorted((job for job in jobs if job["Comment"] == "rule_shards"), key=lambda job: int(job["JobId"]))
+    jobs = _run_jobs(slurm_cluster, output)
+    assert Counter(_rule(job) for job in jobs) == {  # the worklist job of the failed run above is kept
+        "stage_msas": 1, "stage_templates": 1,
+        "shards": 2,  # attempt 1 died for memory, attempt 2 succeeded
+        "fold": 2,  # one job per shard
+        "summary": 1, "filter": 1, "export": 1, "export_archive": 1, "report_figures": 1,
+    }, _describe(jobs, tmp_path)  # fmt: skip
+    shards_attempts = sorted((job for job in jobs if _rule(job) == "shards"), key=lambda job: int(job["JobId"]))
     assert [(job["JobState"], job["MinMemoryNode"]) for job in shards_attempts] == [
         ("FAILED", "2000M"),  # simulated out-of-memory below 3000 MB
         ("COMPLETED", "4000M"),  # resubmitted with twice the memory
     ]
     failed_log = tmp_path / f".snakemake/slurm_logs/rule_shards/{shards_attempts[0]['JobId']}.log"
     assert "simulated out-of-memory: granted 2000 MB, needs 3000 MB" in failed_log.read_text()
-    folds = [job for job in jobs if job["Comment"].startswith("rule_fold")]
-    for job in folds:  # asked for a GPU, and got one of the fake ones
-        assert (job["Partition"], job["TresPerJob"], job["JOB_GRES"]) == ("gpu", "gres:gpu:1", "gpu:1"), job
-    others = [job for job in jobs if job not in shards_attempts[:1]]
-    assert {job["JobState"] for job in others} == {"COMPLETED"}
+    # Fold jobs got the CPUs the config asks for (slurm.cpus_per_gpu: 1), and their job step (srun
+    # with the rule's threads) ran in them; staging jobs got msa.threads / templates.threads.
+    assert {job["NumCPUs"] for job in jobs} == {"1"}
+    assert {job["Partition"] for job in jobs if _rule(job) == "fold"} == {"gpu"}
+    assert {job["Partition"] for job in jobs if _rule(job) != "fold"} == {"cpu"}
+    assert {job["Account"] for job in jobs} == {"mylab"} and {job["QOS"] for job in jobs} <= {"normal", "(null)"}
+    assert {job["JobState"] for job in jobs if job is not shards_attempts[0]} == {"COMPLETED"}
+    # Visibility: Slurm's log of every job is kept, successful ones too, and each target has a line
+    # saying which shard, job and node folded it.
+    for job in jobs:
+        assert list((tmp_path / ".snakemake/slurm_logs").glob(f"**/{job['JobId']}.log")), job
+    per_target = pd.concat(pd.read_csv(path, sep="\t", dtype=str) for path in (results / "logs/fold").glob("*.jobs.tsv"))
+    assert sorted(per_target["target_id"]) == sorted(target_ids) and set(per_target["status"]) == {"ok"}
+    fold_jobs = {job["JobId"]: job for job in jobs if _rule(job) == "fold"}
+    for row in per_target.itertuples():
+        assert fold_jobs[row.job_id]["Comment"].endswith(row.shard) and fold_jobs[row.job_id]["NodeList"] == row.node
 
-    # A rerun finds everything done and submits nothing.
+    # README.md's command: a rerun finds everything done and submits nothing.
     job_count = len(slurm_cluster.jobs())
-    second = _snakemake(slurm_cluster, tmp_path)
+    second = _run_documented(slurm_cluster, tmp_path, rerun)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "Nothing to be done" in second.stdout + second.stderr
     assert len(slurm_cluster.jobs()) == job_count

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yte
 
@@ -21,7 +22,7 @@ PROFILE_ENV = (
     "FOLDMILL_CPU_PARTITION",
     "FOLDMILL_GPU_PARTITION",
     "FOLDMILL_GPU_MODEL",
-    "FOLDMILL_CPUS_PER_GPU",
+    "FOLDMILL_SLURM_QOS",
     "FOLDMILL_SLURM_STATUS_COMMAND",
 )
 
@@ -41,7 +42,8 @@ def test_profile_defaults_leave_account_and_cpu_partition_to_the_cluster(monkeyp
     assert profile["slurm-status-command"] == "squeue"
     assert "slurm_account" not in profile["default-resources"]
     assert "slurm_partition" not in profile["default-resources"]
-    assert profile["set-resources"]["fold"] == {"slurm_partition": "gpu", "cpus_per_gpu": 8}
+    assert profile["set-resources"]["fold"] == {"slurm_partition": "gpu"}
+    assert "groups" not in profile  # a group holding summary (which needs every fold job) makes planning quadratic
 
 
 def test_profile_takes_cluster_settings_from_the_environment(monkeypatch):
@@ -51,12 +53,13 @@ def test_profile_takes_cluster_settings_from_the_environment(monkeypatch):
         FOLDMILL_CPU_PARTITION="short",
         FOLDMILL_GPU_PARTITION="h100",
         FOLDMILL_GPU_MODEL="h100",
-        FOLDMILL_CPUS_PER_GPU="12",
+        FOLDMILL_SLURM_QOS="high",
         FOLDMILL_SLURM_STATUS_COMMAND="sacct",
     )
     assert profile["default-resources"]["slurm_account"] == "lab42"
     assert profile["default-resources"]["slurm_partition"] == "short"
-    assert profile["set-resources"]["fold"] == {"slurm_partition": "h100", "cpus_per_gpu": 12, "gpu_model": "h100"}
+    assert profile["default-resources"]["qos"] == "high"
+    assert profile["set-resources"]["fold"] == {"slurm_partition": "h100", "gpu_model": "h100"}
     assert profile["slurm-status-command"] == "sacct"
 
 
@@ -142,3 +145,83 @@ def test_local_profile_shares_the_configured_gpus(monkeypatch):
         profile = yte.process_yaml(stream, require_use_yte=True)
     assert profile["resources"] == {"gpu": 4}
     assert "executor" not in profile and profile["keep-going"] is True
+
+
+def test_sinfo_gives_the_largest_node_of_each_partition():
+    from foldmill.runtime.slurm_fit import DEFAULT_PARTITION, NodeCapacity, parse_sinfo
+
+    listing = (
+        "cpu*|2|24105|gpu:2\ncpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n"
+        "big|128+|2000000|gpu:a100:2,shard:8\n"
+    )
+    partitions = parse_sinfo(listing)
+    assert partitions["cpu"] == partitions[DEFAULT_PARTITION] == NodeCapacity(cpus=64, mem_mb=512000, gpus=2)
+    assert partitions["gpu"] == NodeCapacity(cpus=32, mem_mb=256000, gpus=4)
+    assert partitions["big"] == NodeCapacity(cpus=128, mem_mb=2000000, gpus=2)
+
+
+def test_a_job_no_node_can_run_fails_in_one_line_naming_the_setting():
+    from foldmill.errors import FoldmillError
+    from foldmill.runtime.slurm_fit import JobRequest, NodeCapacity, check_requests
+
+    partitions = {"": NodeCapacity(2, 24000, 0), "cpu": NodeCapacity(2, 24000, 0), "gpu": NodeCapacity(2, 24000, 2)}
+    fitting = [JobRequest("stage_msas", "", 2, 4000, 0, "msa.threads"), JobRequest("fold", "gpu", 2, 20000, 2)]
+    check_requests(fitting, partitions)
+    with pytest.raises(FoldmillError) as error:
+        check_requests([JobRequest("stage_msas", "", 8, 4000, 0, "msa.threads"),
+                        JobRequest("fold", "cpu", 1, 64000, 1, "slurm.gpus_per_node"),
+                        JobRequest("moe_pretrain", "h100", 1, 1000, 1)], partitions)  # fmt: skip
+    assert str(error.value) == (
+        "stage_msas: asks 8 CPUs per node (largest node: 2) in the default partition: it would stay PENDING forever;"
+        " lower msa.threads or pick another partition; "
+        "fold: asks 64000 MB per node (largest node: 24000), 1 GPUs per node (largest node: 0) in partition 'cpu':"
+        " it would stay PENDING forever; lower slurm.gpus_per_node or pick another partition; "
+        "moe_pretrain: Slurm has no partition 'h100' (partitions: cpu, gpu)"
+    )
+
+
+def test_only_retryable_failures_grow_memory_and_run_again(tmp_path):
+    from foldmill.errors import FoldmillError
+    from foldmill.runtime import retry
+
+    log = tmp_path / "logs/fold/shard_0000.log"
+    assert [retry.growth(log, attempt) for attempt in (1, 2, 3)] == [1, 2, 3]  # e.g. out of memory
+    retry.fail_if_recorded(log, 2)  # nothing recorded: the retry runs
+    retry.record(log, "boltz2_conf.ckpt: checkpoint file not found")
+    assert [retry.growth(log, attempt) for attempt in (1, 2, 3)] == [1, 1, 1]
+    with pytest.raises(FoldmillError, match="checkpoint file not found .not retried"):
+        retry.fail_if_recorded(log, 2)
+    retry.fail_if_recorded(log, 1)  # a new run (input possibly fixed) starts clean
+    assert retry.recorded(log) is None and retry.growth(log, 3) == 3
+
+
+def test_each_folded_target_gets_a_line_with_its_shard_job_and_node(tmp_path, caplog):
+    import logging
+
+    from foldmill.runtime.job_log import JOB_TABLE_COLUMNS, write_job_table
+
+    fold_table = tmp_path / "shard_0003.tsv"
+    fold_table.write_text(
+        "target_id\tstatus\treason\tn_tokens\tseconds\treplica\tprediction_dir\n"
+        "Q1\tok\t\t120\t81.234\tgpu0@gpu07\tpredictions/Q1\n"
+        "Q2\tfailed\tout of memory\t9000\t3.0\tgpu1@gpu07\t\n"
+    )
+    with caplog.at_level(logging.INFO, logger="foldmill.runtime.job_log"):
+        path = tmp_path / "shard_0003.jobs.tsv"
+        write_job_table(fold_table, "shard_0003", path, {"SLURM_JOB_ID": "4711", "SLURMD_NODENAME": "gpu07"})
+    table = pd.read_csv(path, sep="\t", dtype=str)
+    assert list(table.columns) == JOB_TABLE_COLUMNS
+    assert table.values.tolist() == [
+        ["Q1", "shard_0003", "4711", "gpu07", "ok", "81.2"],
+        ["Q2", "shard_0003", "4711", "gpu07", "failed", "3.0"],
+    ]
+    assert "target Q1 shard shard_0003 job 4711 node gpu07 status ok seconds 81.2" in caplog.messages
+
+
+def test_cuda_fold_jobs_without_gpus_are_refused_before_planning_anything():
+    from foldmill.errors import FoldmillError
+    from foldmill.runtime.slurm_plan import check_plan
+
+    refused = "^model.device is cuda but slurm.gpus_per_node is 0: fold jobs would get no GPU$"
+    with pytest.raises(FoldmillError, match=refused):
+        check_plan(None, fold_cpus=8, fold_gpus=0, fold_mem_mb=16000, device="cuda")

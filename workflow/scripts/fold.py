@@ -11,6 +11,7 @@ from foldmill.errors import FoldmillError
 from foldmill.executor.engine import Staging
 from foldmill.executor.run import OutputSettings, fold_targets, read_work_items
 from foldmill.executor.settings import executor_settings, model_settings
+from foldmill.runtime.job_log import write_job_table
 from foldmill.runtime.ray_slurm import current_allocation, ray_for_job
 from foldmill.runtime.rulescript import run_rule
 
@@ -24,12 +25,13 @@ def main(snakemake) -> None:
         run = fold_targets(
             read_work_items(snakemake.input.shard),
             Path(snakemake.params.outdir),
-            Path(snakemake.output[0]),
+            Path(snakemake.output.table),
             model_settings(snakemake.params.model),
             replace(executor, address=address or executor.address),
             Staging(Path(snakemake.input.msa).parent),
             OutputSettings(snakemake.params.outputs["top_k"], snakemake.params.outputs["write_pdb"]),
         )
+    write_job_table(snakemake.output.table, snakemake.wildcards.shard, snakemake.output.jobs)
     if run.abort_reason:
         raise FoldmillError(f"{snakemake.wildcards.shard}: {run.abort_reason}")
 

@@ -278,7 +278,12 @@ def load_weights_strict(
 
     assign=True adopts the given tensors as the parameters (for a model built on the meta device).
     """
-    expected = model.state_dict()
+    check_keys_and_shapes(model.state_dict(), state_dict, source)
+    model.load_state_dict(state_dict, strict=True, assign=assign)
+
+
+def check_keys_and_shapes(expected: dict[str, Tensor], state_dict: dict[str, Tensor], source: str) -> None:
+    """Raise a CheckpointError unless `state_dict` has exactly the keys and shapes of `expected`."""
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
@@ -292,7 +297,6 @@ def load_weights_strict(
     if wrong_shape:
         listed = "; ".join(wrong_shape[:10])
         raise CheckpointError(f"{source}: {len(wrong_shape)} parameters have the wrong shape: {listed}")
-    model.load_state_dict(state_dict, strict=True, assign=assign)
 
 
 def _architecture(state_dict: dict[str, Tensor], config: Boltz2Config | None, source: str) -> Boltz2Config:
@@ -311,6 +315,22 @@ def _architecture(state_dict: dict[str, Tensor], config: Boltz2Config | None, so
         ]
         raise CheckpointError(f"{source}: the weights do not fit the given config: {', '.join(differing)}")
     return implied
+
+
+def check_checkpoint(path: str | Path) -> str:
+    """Validate a weights file without building the model: it exists, loads through the safe loader,
+    and holds a Boltz-2 state_dict with every key and shape of the architecture its shapes imply.
+    Returns a one-line description; raises a CheckpointError naming the problem."""
+    from foldmill.model.boltz2 import Boltz2
+
+    path = Path(path)
+    state_dict = load_state_dict_file(path)
+    architecture = _architecture(state_dict, None, str(path))
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        expected = Boltz2(architecture).state_dict()
+    check_keys_and_shapes(expected, state_dict, str(path))
+    parameters = sum(tensor.numel() for tensor in state_dict.values())
+    return f"{path}: Boltz-2 weights, {len(state_dict)} tensors, {parameters:,} values, keys and shapes match"
 
 
 def load_boltz2(path: str | Path, config: Boltz2Config | None = None) -> Any:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from foldmill.errors import FoldmillError
+from foldmill.runtime import retry
 
 
 def run_rule(snakemake: Any, main: Callable[[Any], None]) -> None:
@@ -16,15 +17,27 @@ def run_rule(snakemake: Any, main: Callable[[Any], None]) -> None:
 
     SIGTERM (Snakemake stopping its jobs, Slurm's time limit) is handled like Ctrl-C: a KeyboardInterrupt,
     so the `finally` blocks of `main` clean up, then one line and the exit status of that signal.
+    A FoldmillError is not retryable (runtime/retry.py): it is recorded beside the log, so that
+    Snakemake's retry of the job (resource `attempt` > 1) fails at once without more memory.
     """
     log_file = snakemake.log[0] if len(snakemake.log) else None
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, mode="w"))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
+    )
     signal.signal(signal.SIGTERM, _terminated)
+    attempt = getattr(snakemake.resources, "attempt", 1)
     try:
-        main(snakemake)
+        if log_file:
+            retry.fail_if_recorded(log_file, attempt)
+        try:
+            main(snakemake)
+        except FoldmillError as error:
+            if log_file:
+                retry.record(log_file, str(error))
+            raise
     except FoldmillError as error:
         # Into the log file; the console gets it once, from SystemExit.
         logging.getLogger().removeHandler(handlers[0])
