@@ -101,7 +101,7 @@ def test_fold_errors_are_one_line(tmp_path: Path) -> None:
     typo = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
     assert typo.returncode == 2 and "unknown key 'queue_dept' (in executor; did you mean 'queue_depth'?)" in typo.stderr
     no_model = foldmill("fold", str(bad), "-o", str(tmp_path / "out"))
-    assert no_model.returncode == 2 and "no model: give --model boltz2_conf.ckpt" in no_model.stderr
+    assert no_model.returncode == 2 and "no model: give --model CHECKPOINT (boltz2_conf.ckpt)" in no_model.stderr
 
 
 def test_interrupted_run_resumes_only_the_rest(data_dir: Path, tmp_path: Path) -> None:
