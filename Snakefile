@@ -20,11 +20,14 @@ include: "rules/common.smk"
 include: "rules/checks.smk"
 
 
-# Ctrl-C or SIGTERM to Snakemake alone stops running jobs too (foldmill.runtime.job_signals).
+# Snakemake keeps a single onstart handler, so every start-up step is here: Ctrl-C or SIGTERM to
+# Snakemake alone stops running jobs too (foldmill.runtime.job_signals); on Slurm, every planned
+# job must fit a node of its partition (rules/checks.smk).
 onstart:
     from foldmill.runtime.job_signals import forward_stop_signals_to_jobs
 
     forward_stop_signals_to_jobs()
+    check_slurm_plan()
 
 
 rule all:

@@ -12,7 +12,8 @@ from foldmill.runtime.slurm_plan import check_plan
 MODEL_CHECK = OUTDIR / "checks/model.txt"
 
 
-onstart:
+def check_slurm_plan():
+    """Called by the Snakefile's onstart (Snakemake keeps only one onstart handler)."""
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
         try:
             check_plan(
