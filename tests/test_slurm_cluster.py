@@ -281,7 +281,7 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
         "stage_msas": 1, "stage_templates": 1,
         "shards": 2,  # attempt 1 died for memory, attempt 2 succeeded
         "fold": 2,  # one job per shard
-        "summary": 1, "filter": 1, "export": 1, "export_archive": 1, "report_figures": 1,
+        "summary": 1, "filter": 1, "export": 1, "export_archive": 1, "report_figures": 1, "report": 1,
     }, _describe(jobs, tmp_path)  # fmt: skip
     shards_attempts = sorted((job for job in jobs if _rule(job) == "shards"), key=lambda job: int(job["JobId"]))
     assert [(job["JobState"], job["MinMemoryNode"]) for job in shards_attempts] == [
