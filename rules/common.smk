@@ -38,3 +38,20 @@ def msa_database_input(wildcards):
 def template_search_inputs(wildcards):
     seqres = config["templates"]["seqres"]
     return [seqres] if seqres else []
+
+
+def check_slurm_plan():
+    """On Slurm, before the first submission: every planned job fits a node of its partition
+    (rules/checks.smk). Called by the Snakefile's onstart (Snakemake keeps one onstart handler)."""
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
+        try:
+            check_plan(
+                workflow,
+                fold_cpus=FOLD_CPUS,
+                fold_gpus=SLURM["gpus_per_node"] if FOLD_ON_GPU else 0,
+                # a fold job's least memory per node: the per-GPU base
+                fold_mem_mb=-(-JOB_SIZING.mem_mb_per_gpu * max(1, SLURM["gpus_per_node"]) // shard_nodes),
+                device=config["model"]["device"],
+            )
+        except FoldmillError as error:
+            raise WorkflowError(str(error)) from None
