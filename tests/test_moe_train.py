@@ -99,3 +99,18 @@ def test_two_processes_train_together(corpus, tmp_path, parallel):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
     assert summary["train_config"] == config.__dict__
+
+
+def test_train_arguments_round_trip_through_the_command_line_parser():
+    """Every TrainConfig field survives train_arguments -> `foldmill pretrain train`'s parser,
+    booleans included (argparse's bool("False") would turn them on)."""
+    import argparse
+
+    from foldmill.cli.pretrain import config_from_args, register
+
+    config = TrainConfig(model="tiny", steps=7, lr=0.5, compile=False, precision="bf16")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(train_arguments("corpus", "run", config))
+    assert config_from_args(args, TrainConfig) == config
+    assert config_from_args(parser.parse_args(train_arguments("corpus", "run", TrainConfig())), TrainConfig).compile

@@ -292,6 +292,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.train.compile import compile_dense_blocks
     from foldmill.moe.train.metrics import flops_per_token
 
     config = model_config(name, max_seq_len=seq_len, **({"num_layers": layers} if layers else {}))
@@ -349,15 +350,19 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    def foldmill_model(backend: str) -> Callable[[], tuple[torch.nn.Module, bool]]:
+    def foldmill_model(backend: str, compiled: bool = True) -> Callable[[], tuple[torch.nn.Module, bool]]:
         def build() -> tuple[torch.nn.Module, bool]:
             with torch.device(device):
-                return MoEDecoder(dataclasses.replace(config, expert_backend=backend)).to(torch.bfloat16), False
+                model = MoEDecoder(dataclasses.replace(config, expert_backend=backend)).to(torch.bfloat16)
+            # As the trainer runs it (moe.compile: true).
+            return (compile_dense_blocks(model) if compiled else model), False
 
         return build
 
     for implementation in ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
+    if "grouped" in backends:
+        row("foldmill grouped, dense blocks not compiled", foldmill_model("grouped", compiled=False), "bf16")
     for backend in backends:
         row(f"foldmill {backend}", foldmill_model(backend), PRECISION[backend])
     add_speedups(results)

@@ -52,8 +52,18 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) ->
     """One --option per field of the config dataclass, defaulting to the field's default."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=hints[field.name],
+        kind = _parse_bool if hints[field.name] is bool else hints[field.name]
+        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=kind,
                             default=field.default, help=f"(default: {field.default})")
+
+
+def _parse_bool(text: str) -> bool:
+    """`True`/`False` as train_arguments writes them (bool("False") would be True)."""
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def config_from_args(args: argparse.Namespace, config_class: type):

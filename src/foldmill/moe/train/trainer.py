@@ -24,6 +24,7 @@ from foldmill.moe.data.loader import BatchSampler, PackedWindows
 from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel.gradients import clip_grad_norm, reduce_expert_gradients
 from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from foldmill.moe.train.compile import compile_dense_blocks
 from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
 from foldmill.moe.train.evaluate import evaluate
 from foldmill.moe.train.loss import batch_loss
@@ -57,6 +58,9 @@ class Trainer:
         model = MoEDecoder(self.model_config).to(self.env.device)
         if config.precision == "bf16":
             model = model.to(torch.bfloat16)
+        # Optimizations in this order: compile the dense blocks, then distribute (DDP / FSDP2).
+        if config.compile and self.env.device.type == "cuda":
+            compile_dense_blocks(model)
         self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
         self.optimizer = build_optimizer(self.model, config)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
