@@ -21,8 +21,9 @@ def default_out(name: str) -> Path:
     parser = argparse.ArgumentParser()
     subparsers = parser.add_subparsers(dest="bench")
     module.register(subparsers)
-    required = [a.option_strings[0] for a in subparsers.choices[name]._actions if a.required and a.option_strings]
-    return Path(parser.parse_args([name, *(part for option in required for part in (option, "x"))]).out)
+    command = name.replace("_", "-")  # module moe_parity is `foldmill bench moe-parity`
+    required = [a.option_strings[0] for a in subparsers.choices[command]._actions if a.required and a.option_strings]
+    return Path(parser.parse_args([command, *(part for option in required for part in (option, "x"))]).out)
 
 
 @pytest.mark.parametrize("name", BENCHES)

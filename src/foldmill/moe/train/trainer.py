@@ -34,8 +34,9 @@ from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learnin
 log = logging.getLogger(__name__)
 
 
-def build_model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:
-    base = model_config(config.model)
+def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | None = None) -> ModelConfig:
+    """The named model of `config`, with `overrides` (e.g. a reduced depth or width) applied first."""
+    base = model_config(config.model, **(overrides or {}))
     return dataclasses.replace(
         base, vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, config.seq_len),
         expert_backend=config.expert_backend, aux_loss_coef=config.aux_loss_coef,
@@ -48,12 +49,13 @@ def _synchronize(device: torch.device) -> None:
 
 
 class Trainer:
-    def __init__(self, corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig, env: Dist | None = None) -> None:
+    def __init__(self, corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig, env: Dist | None = None,
+                 model_overrides: dict | None = None) -> None:
         self.config = config
         self.env = env or init_distributed()
         self.run_dir = Path(run_dir)
         meta = load_meta(corpus_dir)
-        self.model_config = build_model_config(config, meta["vocab_size"])
+        self.model_config = build_model_config(config, meta["vocab_size"], model_overrides)
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
         if config.precision == "bf16":
