@@ -10,6 +10,7 @@ elsewhere SDPA with a boolean block-diagonal causal mask, the reference path.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +47,9 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, not {implementation!r}")
     if implementation == "auto":
-        implementation = "flex" if document_ids.is_cuda else "sdpa"
+        # FOLDMILL_DOC_ATTENTION=sdpa takes the dense-mask path on a GPU too (a reference for flex).
+        chosen = os.environ.get("FOLDMILL_DOC_ATTENTION", "auto")
+        implementation = chosen if chosen in ("flex", "sdpa") else ("flex" if document_ids.is_cuda else "sdpa")
     ids = document_ids.to(torch.int32)
     positions = positions_in_document(ids)
     if implementation == "sdpa":
