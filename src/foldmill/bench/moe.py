@@ -429,3 +429,9 @@ def run(args: argparse.Namespace) -> int:
         save()
     print(markdown_table(rows))
     return 0
+
+
+if __name__ == "__main__":
+    from foldmill.bench._standalone import main
+
+    raise SystemExit(main(register))
