@@ -372,14 +372,17 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda" else "cpu", "torch": torch.__version__, "corpus": corpus,
         "reference": reference, "tolerance": float(config["tolerance"]), "backends": {}, "comparison": {},
     }
-    for backend in backends:
+    # The reference trains first; parity.json is rewritten after every backend, so a run cut short
+    # keeps the backends it finished.
+    for backend in [reference, *(b for b in backends if b != reference)]:
         result = train_backend(backend, Path(corpus["dir"]), out / "runs" / backend, train, dict(config["model"]),
                                eval_every, device)
         payload["backends"][backend] = result
         print(json.dumps({"backend": backend, **{k: v for k, v in result.items() if k not in
                                                   ("train_loss", "model_config", "train_config")}}), flush=True)
-    payload["comparison"] = compare(payload["backends"], reference, payload["tolerance"])
-    payload["wall_s"] = round(time.perf_counter() - started, 1)
+        payload["comparison"] = compare(payload["backends"], reference, payload["tolerance"])
+        payload["wall_s"] = round(time.perf_counter() - started, 1)
+        write_text_atomic(out / "parity.json", json.dumps(payload, indent=1) + "\n")
     first = payload["backends"][reference]
     tokens = first["train_config"]["batch_size"] * first["train_config"]["seq_len"] * len(first["train_loss"])
     payload["train_epochs"] = round(tokens / max(corpus["splits"]["train"]["tokens"], 1), 2)

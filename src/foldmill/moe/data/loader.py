@@ -1,9 +1,11 @@
 """Batches of fixed-length windows over a packed corpus split, in a reproducible, resumable order.
 
 A split's stream is cut into windows of seq_len + 1 tokens (input and shifted target) with stride
-seq_len, never across shard files. Each epoch visits all windows in a permutation drawn from
-(seed, epoch); process `rank` of `world_size` takes every world_size-th window. The sampler's state
-(epoch, position) is saved in checkpoints, so a resumed run sees exactly the batches it would have.
+seq_len, never across shard files. A window holds several records (and parts of records);
+`document_ids` tells them apart so that attention stays within each. Each epoch visits all
+windows in a permutation drawn from (seed, epoch); process `rank` of `world_size` takes every
+world_size-th window. The sampler's state (epoch, position) is saved in checkpoints, so a resumed
+run sees exactly the batches it would have.
 Step s of all processes together takes windows [s * B * W, (s + 1) * B * W) of the epoch's
 permutation (B per process, W processes), so a run resumed with another W and the same B * W
 continues with the same global batches.
@@ -18,6 +20,7 @@ import torch
 
 from foldmill.errors import FoldmillError
 from foldmill.moe.data.corpus import load_meta
+from foldmill.moe.data.tokenizers import BOS
 
 
 class PackedWindows:
@@ -44,6 +47,15 @@ class PackedWindows:
 
     def batch(self, indices: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.stack([self.window(int(i)) for i in indices]).astype(np.int64))
+
+
+def document_ids(tokens: torch.Tensor) -> torch.Tensor:
+    """Which packed record each token of a window belongs to (int32, same shape as tokens).
+
+    Records are stored <bos> sequence <eos>, so a new record starts at every <bos>; tokens before
+    a window's first <bos> are the tail of a record cut by the window start.
+    """
+    return torch.cumsum(tokens == BOS, dim=-1, dtype=torch.int32)
 
 
 class BatchSampler:

@@ -1,6 +1,17 @@
-"""Causal grouped-query self-attention with rotary embeddings through SDPA (flash on GPU)."""
+"""Causal grouped-query self-attention with rotary embeddings, optionally masked by document.
+
+Without document ids: plain causal SDPA (flash on GPU). With them (records packed back to back
+in one window): a token attends only to earlier tokens of its own record, and RoPE positions
+restart at each record, so a packed window computes what each record would alone. On CUDA the
+mask is a FlexAttention block mask (compiled; blocks of other records are skipped, not computed);
+elsewhere SDPA with a boolean block-diagonal causal mask, the reference path.
+"""
 
 from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -8,6 +19,70 @@ from torch import nn
 
 from foldmill.moe.config import ModelConfig
 from foldmill.moe.model.rope import apply_rope
+
+IMPLEMENTATIONS = ("auto", "flex", "sdpa")
+
+
+@dataclass
+class DocumentMask:
+    """Which keys each query may see in a window of packed records; built once per batch."""
+
+    document_ids: torch.Tensor  # (batch, seq) int, non-decreasing along seq
+    positions: torch.Tensor  # (batch, seq) position of each token within its record
+    block_mask: object | None = None  # FlexAttention BlockMask (flex)
+    dense: torch.Tensor | None = None  # (batch, 1, seq, seq) bool, True = may attend (sdpa)
+
+
+def positions_in_document(document_ids: torch.Tensor) -> torch.Tensor:
+    """Index of each token within its run of equal document ids (restarts at every change)."""
+    seq = document_ids.shape[-1]
+    index = torch.arange(seq, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
+    return index - torch.where(starts, index, 0).cummax(dim=-1).values
+
+
+def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> DocumentMask:
+    """The mask of `document_ids` (batch, seq) for `implementation`: flex (CUDA), sdpa, or auto."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, not {implementation!r}")
+    if implementation == "auto":
+        # FOLDMILL_DOC_ATTENTION=sdpa takes the dense-mask path on a GPU too (a reference for flex).
+        chosen = os.environ.get("FOLDMILL_DOC_ATTENTION", "auto")
+        implementation = chosen if chosen in ("flex", "sdpa") else ("flex" if document_ids.is_cuda else "sdpa")
+    ids = document_ids.to(torch.int32)
+    positions = positions_in_document(ids)
+    if implementation == "sdpa":
+        seq = ids.shape[-1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril()
+        dense = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & causal
+        return DocumentMask(ids, positions, dense=dense.unsqueeze(1))
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def same_document_causal(b, h, q, kv):
+        return (ids[b, q] == ids[b, kv]) & (q >= kv)
+
+    batch, seq = ids.shape
+    block_mask = create_block_mask(same_document_causal, batch, None, seq, seq, device=ids.device)
+    return DocumentMask(ids, positions, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Uncompiled, flex_attention materializes the scores; compiled it is one fused kernel.
+    return torch.compile(flex_attention)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask | None) -> torch.Tensor:
+    """q (batch, heads, seq, dim), k/v (batch, kv_heads, seq, dim) -> (batch, heads, seq, dim)."""
+    gqa = k.shape[1] != q.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if mask.block_mask is not None:
+        return _compiled_flex_attention()(q, k, v, block_mask=mask.block_mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense, enable_gqa=gqa)
 
 
 class Attention(nn.Module):
@@ -21,15 +96,16 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.hidden_size, config.num_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(config.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: DocumentMask | None = None) -> torch.Tensor:
+        """cos/sin (seq, head_dim), or (batch, seq, head_dim) when positions restart per record."""
         batch, seq, _ = x.shape
         q = self.wq(x).view(batch, seq, self.num_heads, self.head_dim)
         k = self.wk(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         v = self.wv(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         # Rotated in the projections' own (batch, seq, heads, dim) layout: contiguous, so the
-        # elementwise kernels vectorize; SDPA then takes (batch, heads, seq, dim) views.
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # elementwise kernels vectorize; attention then takes (batch, heads, seq, dim) views.
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        out = attend(q, k, v.transpose(1, 2), mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from foldmill.moe.config import ModelConfig
-from foldmill.moe.model.attention import Attention
+from foldmill.moe.model.attention import Attention, DocumentMask, document_mask
 from foldmill.moe.model.moe import MoEBlock
 from foldmill.moe.model.norm import RMSNorm
 from foldmill.moe.model.rope import rope_tables
@@ -30,8 +30,9 @@ class DecoderLayer(nn.Module):
         self.moe_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.moe = MoEBlock(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: DocumentMask | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         moe = self.moe(self.moe_norm(x))
         return x + moe.hidden, moe.aux_loss, moe.load
 
@@ -61,15 +62,22 @@ class MoEDecoder(nn.Module):
             else:
                 nn.init.normal_(parameter, std=std)
 
-    def forward(self, tokens: torch.Tensor) -> DecoderOutput:
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> DecoderOutput:
+        """tokens (batch, seq); document_ids (batch, seq), non-decreasing along seq, marks the records
+        packed in each window: attention stays within a record and positions restart at its start."""
         seq = tokens.shape[1]
         if seq > self.config.max_seq_len:
             raise ValueError(f"sequence length {seq} exceeds max_seq_len {self.config.max_seq_len}")
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        mask = None
+        if document_ids is None:
+            cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        else:
+            mask = document_mask(document_ids)
+            cos, sin = self.rope_cos[mask.positions], self.rope_sin[mask.positions]
         x = self.embedding(tokens)
         aux_losses, loads = [], []
         for layer in self.layers:
-            x, aux_loss, load = layer(x, cos, sin)
+            x, aux_loss, load = layer(x, cos, sin, mask)
             aux_losses.append(aux_loss)
             loads.append(load)
         logits = self.output(self.norm(x))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foldmill.moe.data.loader import document_ids
 from foldmill.moe.data.tokenizers import PAD
 
 
@@ -28,10 +29,13 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def batch_loss(model: nn.Module, batch: torch.Tensor, precision: str, aux_loss_coef: float) -> BatchLoss:
-    """batch (B, seq_len + 1) token ids: inputs are [:, :-1], targets [:, 1:] (padding ignored)."""
+    """batch (B, seq_len + 1) token ids: inputs are [:, :-1], targets [:, 1:] (padding ignored).
+
+    The records packed in each window are masked from each other (document_ids).
+    """
     inputs, targets = batch[:, :-1], batch[:, 1:]
     with autocast(batch.device, precision):
-        output = model(inputs)
+        output = model(inputs, document_ids(inputs))
     cross_entropy = F.cross_entropy(output.logits.float().flatten(0, 1), targets.flatten(), ignore_index=PAD)
     loss = cross_entropy + aux_loss_coef * output.aux_loss if aux_loss_coef else cross_entropy
     return BatchLoss(loss, cross_entropy, output.aux_loss, output.expert_load)
