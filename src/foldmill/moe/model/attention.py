@@ -63,7 +63,8 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
         return (ids[b, q] == ids[b, kv]) & (q >= kv)
 
     batch, seq = ids.shape
-    block_mask = create_block_mask(same_document_causal, batch, None, seq, seq, device=ids.device)
+    # Compiled construction: ~10 ms per 2 x 4,096-token batch uncompiled on the H200, once per step.
+    block_mask = create_block_mask(same_document_causal, batch, None, seq, seq, device=ids.device, _compile=True)
     return DocumentMask(ids, positions, block_mask=block_mask)
 
 
