@@ -97,7 +97,10 @@ def test_flex_attention_matches_the_dense_mask_on_gpu() -> None:
         out.float().square().sum().backward()
         grads[implementation] = (out.float(), *(t.grad.float() for t in leaves))
     for flex, dense in zip(grads["flex"], grads["sdpa"]):
-        torch.testing.assert_close(flex, dense, atol=2e-2, rtol=2e-2)
+        # Two bf16 kernels round differently: a few elements differ by one bf16 step (2^-5 near 5),
+        # so hold the whole tensor to a relative error and each element to a few bf16 steps.
+        assert float((flex - dense).norm() / dense.norm()) < 5e-3
+        assert float((flex - dense).abs().max()) <= 2**-6 * float(dense.abs().max())
 
 
 @pytest.mark.gpu
