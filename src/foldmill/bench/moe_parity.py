@@ -66,7 +66,8 @@ def load_config(path: str | Path) -> dict:
         raise FoldmillError(f"{path}: the parity configuration must be a mapping")
     unknown = set(config) - SECTIONS
     if unknown:
-        raise FoldmillError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SECTIONS))}")
+        raise FoldmillError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SECTIONS))}")
     for section in ("corpus", "model", "train", "backends"):
         if section not in config:
             raise FoldmillError(f"{path}: missing '{section}'")
@@ -243,7 +244,8 @@ def markdown_table(payload: dict) -> str:
     for name, result in payload["backends"].items():
         comparison = payload["comparison"][name]
         lines.append(
-            f"| {LABELS.get(name, name)} | {result['final_val_loss']:.4f} | {comparison['rel_diff_vs_reference']:+.3%} | "
+            f"| {LABELS.get(name, name)} | {result['final_val_loss']:.4f} | "
+            f"{comparison['rel_diff_vs_reference']:+.3%} | "
             f"{'yes' if comparison['within_tolerance'] else 'no'} | "
             f"{result['best_val']['val_loss']:.4f} ({result['best_val']['step']}) | {result['final_train_loss']:.4f} | "
             f"{result['ms_per_step']} | {result['wall_s']} |")
@@ -261,7 +263,10 @@ def smoothed(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _series(payload: dict) -> tuple[list[tuple[str, list[tuple[float, float]]]], list[tuple[str, list[tuple[float, float]]]]]:
+Series = list[tuple[str, list[tuple[float, float]]]]  # (backend, [(step, loss)])
+
+
+def _series(payload: dict) -> tuple[Series, Series]:
     steps = max(len(r["train_loss"]) for r in payload["backends"].values())
     window = max(steps // 100, 1)
     train, val = [], []
