@@ -60,6 +60,7 @@ def test_every_backend_trains_the_same_steps_and_validates_on_schedule(parity_ru
         assert len(result["train_loss"]) == STEPS, name  # --steps overrides the configured 50
         assert [v["step"] for v in result["validation"]] == [0, 2, 4], name
         assert result["final_val_loss"] == pytest.approx(result["validation"][-1]["val_loss"], abs=1e-5)
+        assert result["best_val"]["val_loss"] == min(v["val_loss"] for v in result["validation"])
         assert result["model_config"]["expert_backend"] == name
         assert result["model_config"]["hidden_size"] == 64 and result["model_config"]["num_experts"] == 8
         # The whole validation split every time: the same token count for every backend.

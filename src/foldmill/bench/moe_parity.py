@@ -66,7 +66,8 @@ def load_config(path: str | Path) -> dict:
         raise FoldmillError(f"{path}: the parity configuration must be a mapping")
     unknown = set(config) - SECTIONS
     if unknown:
-        raise FoldmillError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SECTIONS))}")
+        raise FoldmillError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SECTIONS))}")
     for section in ("corpus", "model", "train", "backends"):
         if section not in config:
             raise FoldmillError(f"{path}: missing '{section}'")
@@ -193,10 +194,13 @@ def train_backend(backend: str, corpus_dir: Path, run_dir: Path, train: dict, mo
             segment_start, segment_steps = time.perf_counter(), 0
     train_loss = [round(float(v), 5) for v in torch.stack(losses).float().cpu()]
     tail = train_loss[-max(len(train_loss) // 20, 1):]
+    curve = [{"step": v["step"], "val_loss": round(v["val_loss"], 5)} for v in validation]
     result = {
         "train_loss": train_loss,
-        "validation": [{"step": v["step"], "val_loss": round(v["val_loss"], 5)} for v in validation],
+        "validation": curve,
         "final_val_loss": validation[-1]["val_loss"],
+        # Lowest validation loss and its step: below the final one when the run has begun to overfit.
+        "best_val": min(curve, key=lambda v: v["val_loss"]),
         "val_tokens": validation[-1]["val_tokens"],
         "final_train_loss": sum(tail) / len(tail),
         "train_loss_tail_steps": len(tail),
@@ -235,13 +239,15 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 def markdown_table(payload: dict) -> str:
     reference, tolerance = payload["reference"], payload["tolerance"]
     lines = [f"| backend | final val loss | vs {LABELS.get(reference, reference)} | within {tolerance:.0%} | "
-             "final train loss | ms/step | run s |",
-             "|---|---|---|---|---|---|---|"]
+             "lowest val loss (step) | final train loss | ms/step | run s |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, result in payload["backends"].items():
         comparison = payload["comparison"][name]
         lines.append(
-            f"| {LABELS.get(name, name)} | {result['final_val_loss']:.4f} | {comparison['rel_diff_vs_reference']:+.3%} | "
-            f"{'yes' if comparison['within_tolerance'] else 'no'} | {result['final_train_loss']:.4f} | "
+            f"| {LABELS.get(name, name)} | {result['final_val_loss']:.4f} | "
+            f"{comparison['rel_diff_vs_reference']:+.3%} | "
+            f"{'yes' if comparison['within_tolerance'] else 'no'} | "
+            f"{result['best_val']['val_loss']:.4f} ({result['best_val']['step']}) | {result['final_train_loss']:.4f} | "
             f"{result['ms_per_step']} | {result['wall_s']} |")
     return "\n".join(lines) + "\n"
 
@@ -257,7 +263,10 @@ def smoothed(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _series(payload: dict) -> tuple[list[tuple[str, list[tuple[float, float]]]], list[tuple[str, list[tuple[float, float]]]]]:
+Series = list[tuple[str, list[tuple[float, float]]]]  # (backend, [(step, loss)])
+
+
+def _series(payload: dict) -> tuple[Series, Series]:
     steps = max(len(r["train_loss"]) for r in payload["backends"].values())
     window = max(steps // 100, 1)
     train, val = [], []
