@@ -1,12 +1,12 @@
 """torch.compile of the dense sub-blocks of every decoder layer: attention, its norm, the MoE norm
-and the router.
+and the router (config moe.compile, off by default).
 
-Measured on the H200 (docs/benchmarks/moe.md, bio_8x1b, 2 x 4,096 tokens, bf16): the training
-step drops from 148 to 137 ms. Compiling whole layers instead gave 142 ms: the experts' routing
-has data-dependent sizes and their weight caches key on tensor identity, so the graph breaks
-there and recompiles. The experts keep their own kernels (grouped GEMMs, Triton SwiGLU).
-`nn.Module.compile` compiles in place, so parameter names (and checkpoints) are unchanged.
-"""
+On the H200 (bio_8x1b, 2 x 4,096 tokens, bf16) the step took 137-141 ms with these sub-blocks
+compiled and 148-151 ms without in two runs, but 159-160 vs 150 ms in two others, so it is not
+the default (docs/benchmarks/moe.md). Compiling whole layers instead gave 142 vs 148 ms: the
+experts' routing has data-dependent sizes and their weight caches key on tensor identity, so the
+graph breaks there. The experts keep their own kernels (grouped GEMMs, Triton SwiGLU).
+`nn.Module.compile` compiles in place, so parameter names (and checkpoints) are unchanged."""
 
 from __future__ import annotations
 
