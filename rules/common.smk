@@ -1,8 +1,11 @@
 # Shared set-up for every rules file (config validation, output paths, the list of final outputs).
 import sys
+import time
 from pathlib import Path
 
 from foldmill.config import ConfigError, resolve_config, run_summary
+from foldmill.runtime.slurm_accounting import failure_lines, job_ids_from_logs, query_jobs
+from foldmill.runtime.slurm_jobs import slurm_job_resources
 
 # The schema's defaults filled in and every key checked (foldmill.config); a problem is one line.
 try:
@@ -14,10 +17,17 @@ config.update(resolved_config)
 if workflow.is_main_process:
     print(run_summary(config), file=sys.stderr)
 
+RUN_STARTED = time.time()
 OUTDIR = Path(config["outdir"])
 LOGDIR = OUTDIR / "logs"
 # Each rule file appends what `rule all` should build.
 FINAL_OUTPUTS = []
+
+
+def slurm_resources(job_class=None, gpus=0):
+    """Partition, account, QoS, constraint and extra sbatch options of a class of job (config
+    `slurm:`), as resources of the rules, so that a command-line --set-resources changes one only."""
+    return slurm_job_resources(config["slurm"], job_class, gpus)
 
 
 def script_path(name):
@@ -52,6 +62,24 @@ def check_slurm_plan():
                 # a fold job's least memory per node: the per-GPU base
                 fold_mem_mb=-(-JOB_SIZING.mem_mb_per_gpu * max(1, SLURM["gpus_per_node"]) // shard_nodes),
                 device=config["model"]["device"],
+                fold_partition=slurm_resources("fold").get("slurm_partition", ""),
             )
         except FoldmillError as error:
             raise WorkflowError(str(error)) from None
+
+
+def report_slurm_failures():
+    """On Slurm, at the end of a run: each job of this run that did not complete (retried ones
+    too), with why, from the accounting database (sacct: state, exit code or signal, memory used
+    of memory asked). Nothing where the cluster keeps no accounting. Called by the Snakefile's
+    onsuccess and onerror."""
+    if workflow.executor_plugin is None or workflow.executor_plugin.name != "slurm":
+        return
+    from snakemake.logging import logger
+
+    log_dir = Path(getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs")
+    if not log_dir.is_absolute():
+        log_dir = Path(workflow.workdir_init) / log_dir
+    lines = failure_lines(query_jobs(job_ids_from_logs(log_dir, RUN_STARTED)))
+    if lines:
+        logger.warning("Slurm jobs of this run that did not complete (sacct):\n" + "\n".join(f"    {line}" for line in lines))

@@ -1,5 +1,6 @@
-"""profiles/slurm without a cluster: it renders from the environment, passes --lint, and plans a
-20,000-target proteome as at most 100 GPU jobs (dry-run)."""
+"""profiles/slurm without a cluster: it renders from the environment, passes --lint, takes where
+jobs run from the config (command-line --set-resources adding to it), and plans a 20,000-target
+proteome as at most 100 GPU jobs (dry-run)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,7 @@ import yte
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-PROFILE_ENV = (
-    "FOLDMILL_SLURM_ACCOUNT",
-    "FOLDMILL_CPU_PARTITION",
-    "FOLDMILL_GPU_PARTITION",
-    "FOLDMILL_GPU_MODEL",
-    "FOLDMILL_SLURM_QOS",
-    "FOLDMILL_SLURM_STATUS_COMMAND",
-)
+PROFILE_ENV = ("FOLDMILL_SLURM_STATUS_COMMAND", "FOLDMILL_KEEP_JOB_LOGS")
 
 
 def render_profile(monkeypatch: pytest.MonkeyPatch, **environ: str) -> dict:
@@ -36,31 +30,76 @@ def render_profile(monkeypatch: pytest.MonkeyPatch, **environ: str) -> dict:
         return yte.process_yaml(stream, require_use_yte=True)
 
 
-def test_profile_defaults_leave_account_and_cpu_partition_to_the_cluster(monkeypatch):
-    profile = render_profile(monkeypatch)
+def test_profile_leaves_where_jobs_run_to_the_config(monkeypatch):
+    profile = render_profile(monkeypatch, FOLDMILL_SLURM_STATUS_COMMAND="squeue")
     assert profile["executor"] == "slurm"
     assert profile["slurm-status-command"] == "squeue"
-    assert "slurm_account" not in profile["default-resources"]
-    assert "slurm_partition" not in profile["default-resources"]
-    assert profile["set-resources"]["fold"] == {"slurm_partition": "gpu"}
+    assert profile["slurm-keep-successful-logs"] is True
+    # No set-resources: a command-line --set-resources would replace it whole (partition included).
+    assert "set-resources" not in profile
+    assert profile["default-resources"] == {"mem_mb": 4000, "runtime": 60}
     assert "groups" not in profile  # a group holding summary (which needs every fold job) makes planning quadratic
+    assert render_profile(monkeypatch, FOLDMILL_SLURM_STATUS_COMMAND="sacct")["slurm-status-command"] == "sacct"
+    assert render_profile(monkeypatch, FOLDMILL_KEEP_JOB_LOGS="no")["slurm-keep-successful-logs"] is False
 
 
-def test_profile_takes_cluster_settings_from_the_environment(monkeypatch):
-    profile = render_profile(
-        monkeypatch,
-        FOLDMILL_SLURM_ACCOUNT="lab42",
-        FOLDMILL_CPU_PARTITION="short",
-        FOLDMILL_GPU_PARTITION="h100",
-        FOLDMILL_GPU_MODEL="h100",
-        FOLDMILL_SLURM_QOS="high",
-        FOLDMILL_SLURM_STATUS_COMMAND="sacct",
-    )
-    assert profile["default-resources"]["slurm_account"] == "lab42"
-    assert profile["default-resources"]["slurm_partition"] == "short"
-    assert profile["default-resources"]["qos"] == "high"
-    assert profile["set-resources"]["fold"] == {"slurm_partition": "h100", "gpu_model": "h100"}
-    assert profile["slurm-status-command"] == "sacct"
+def test_status_command_is_sacct_only_where_accounting_answers(monkeypatch):
+    from foldmill.runtime import slurm_accounting
+
+    monkeypatch.setattr(slurm_accounting, "accounting_answers", lambda: False)
+    assert slurm_accounting.status_command({}) == "squeue"
+    monkeypatch.setattr(slurm_accounting, "accounting_answers", lambda: True)
+    assert slurm_accounting.status_command({"FOLDMILL_SLURM_STATUS_COMMAND": "auto"}) == "sacct"
+    assert slurm_accounting.status_command({"FOLDMILL_SLURM_STATUS_COMMAND": "squeue"}) == "squeue"
+    with pytest.raises(ValueError, match="one of auto, sacct, squeue"):
+        slurm_accounting.status_command({"FOLDMILL_SLURM_STATUS_COMMAND": "scontrol"})
+
+
+def test_each_class_of_job_takes_its_own_setting_else_the_common_one():
+    from foldmill.config import resolve_config
+    from foldmill.runtime.slurm_jobs import slurm_job_resources
+
+    slurm = resolve_config({
+        "inputs": ["x.fasta"], "model": {"checkpoint": "demo"},
+        "slurm": {"account": "lab42", "qos": "normal", "partition": "short", "gpu_model": "h100",
+                  "fold": {"qos": "high", "constraint": "nvlink"}, "msa": {"partition": "bigmem", "extra": "--nice=5"},
+                  "pretrain": {"account": "ml"}},
+    })["slurm"]  # fmt: skip
+    assert slurm_job_resources(slurm) == {"slurm_partition": "short", "slurm_account": "lab42", "qos": "normal"}
+    assert slurm_job_resources(slurm, "fold", gpus=4) == {
+        "slurm_partition": "gpu", "slurm_account": "lab42", "qos": "high", "constraint": "nvlink", "gpu_model": "h100"
+    }  # fmt: skip
+    assert "gpu_model" not in slurm_job_resources(slurm, "fold", gpus=0)  # multi-node or CPU fold jobs
+    assert slurm_job_resources(slurm, "msa") == {
+        "slurm_partition": "bigmem", "slurm_account": "lab42", "qos": "normal", "slurm_extra": "--nice=5"
+    }  # fmt: skip
+    assert slurm_job_resources(slurm, "templates") == slurm_job_resources(slurm)
+    assert slurm_job_resources(slurm, "pretrain") == {"slurm_partition": "gpu", "slurm_account": "ml", "qos": "normal"}
+    # Nothing set: no option at all, the cluster's defaults apply (fold and pretraining: partition gpu).
+    bare = resolve_config({"inputs": ["x.fasta"], "model": {"checkpoint": "demo"}})["slurm"]
+    assert slurm_job_resources(bare) == {} and slurm_job_resources(bare, "fold", gpus=1) == {"slurm_partition": "gpu"}
+
+
+def test_command_line_set_resources_adds_to_what_the_config_gives(monkeypatch):
+    """The documented way to change one value for one run: the rest of the job's settings stay."""
+    for name in PROFILE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    result = subprocess.run(
+        [*SNAKEMAKE, "--profile", "profiles/slurm", "-n", "--configfile", "config/demo/config.yaml",
+         "--config", "slurm={account: lab42, partition: short, msa: {extra: --nice=5}, pretrain: {constraint: a100}}",
+         "--set-resources", "stage_msas:qos=high"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FOLDMILL_SLURM_STATUS_COMMAND": "squeue"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    resources = dict(re.findall(r"^rule (\w+):.*?resources: ([^\n]*)", result.stdout, flags=re.MULTILINE | re.DOTALL))
+    assert {"stage_msas", "worklist", "moe_pretrain"} <= set(resources), result.stdout
+    for expected in ("slurm_partition=short", "slurm_account=lab42", "slurm_extra=--nice=5", "qos=high"):
+        assert expected in resources["stage_msas"]
+    assert "slurm_partition=short" in resources["worklist"] and "slurm_account=lab42" in resources["worklist"]
+    assert "qos=" not in resources["worklist"]
+    for expected in ("slurm_partition=gpu", "slurm_account=lab42", "constraint=a100"):
+        assert expected in resources["moe_pretrain"]
 
 
 def test_profile_passes_lint():
@@ -119,7 +158,7 @@ def test_proteome_of_20000_targets_plans_at_most_100_gpu_jobs(tmp_path, monkeypa
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "FOLDMILL_SLURM_ACCOUNT": "lab42"},
+        env={**os.environ, "FOLDMILL_SLURM_STATUS_COMMAND": "squeue"},
     )
     planning_seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
