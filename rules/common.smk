@@ -1,4 +1,5 @@
 # Shared set-up for every rules file (config validation, output paths, the list of final outputs).
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,13 @@ def script_path(name):
 
 def env_path(name):
     return workflow.source_path(f"../envs/{name}")
+
+
+# envs/*.yaml install this checkout: pip expands ${FOLDMILL_CHECKOUT} when `--sdm conda` builds
+# them. The folder above rules/ (a workflow loaded from a remote source has no checkout to install).
+RULES_DIR = Path(workflow.current_basedir.get_path_or_uri(secret_free=True))
+if RULES_DIR.is_dir():
+    os.environ["FOLDMILL_CHECKOUT"] = str(RULES_DIR.resolve().parent)
 
 
 def msa_database_input(wildcards):
