@@ -12,7 +12,7 @@
 # on every node. Accounting is enforced as on a production cluster: jobs need an account and a
 # QoS the database knows. The database holds the cluster `foldmill`, the account `mylab` (the
 # example of profiles/README.md) and the QoS `normal` and `high`, both allowed to root and to the
-# user who ran sudo. A job using more memory than it asked for is killed (state OUT_OF_MEMORY).
+# user who ran sudo. A job using more memory than it asked for is killed.
 # With FOLDMILL_SLURM_NODES > 1 the nodes are virtual (<host>-1, <host>-2, ...: several slurmd on
 # this host, each on its own port), so multi-node jobs (srun across nodes) can be tested here.
 # /etc/slurm/slurm.conf becomes a link to STATE_DIR/etc/slurm.conf (job steps look there), so one
@@ -206,11 +206,11 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$dbd_port
 AccountingStorageEnforce=associations,limits,qos
-# Memory use sampled every second; a step above its --mem is killed (OUT_OF_MEMORY), as cgroups
-# would do on a production cluster (there are none here).
+# Memory use sampled every second (PSS: pages that processes share, as Ray's do, counted once);
+# a step above its --mem is killed, as cgroups would do on a production cluster (none here).
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
-JobAcctGatherParams=OverMemoryKill
+JobAcctGatherParams=OverMemoryKill,UsePss
 JobCompType=jobcomp/none
 # Finished jobs stay visible to squeue and scontrol for an hour too (the squeue status check of the
 # Snakemake Slurm plugin and the tests use it).
