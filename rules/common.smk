@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from foldmill.config import ConfigError, resolve_config, run_summary
-from foldmill.runtime.slurm_accounting import failure_lines, job_ids_from_logs, query_jobs
+from foldmill.runtime.slurm_accounting import failure_lines, jobs_from_logs, query_jobs
 from foldmill.runtime.slurm_jobs import slurm_job_resources
 
 # The schema's defaults filled in and every key checked (foldmill.config); a problem is one line.
@@ -88,6 +88,7 @@ def report_slurm_failures():
     log_dir = Path(getattr(workflow.executor_settings, "logdir", None) or ".snakemake/slurm_logs")
     if not log_dir.is_absolute():
         log_dir = Path(workflow.workdir_init) / log_dir
-    lines = failure_lines(query_jobs(job_ids_from_logs(log_dir, RUN_STARTED)))
+    jobs = jobs_from_logs(log_dir, RUN_STARTED)
+    lines = failure_lines(query_jobs(jobs), jobs)
     if lines:
         logger.warning("Slurm jobs of this run that did not complete (sacct):\n" + "\n".join(f"    {line}" for line in lines))

@@ -9,11 +9,13 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 import yte
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,3 +266,67 @@ def test_cuda_fold_jobs_without_gpus_are_refused_before_planning_anything():
     refused = "^model.device is cuda but slurm.gpus_per_node is 0: fold jobs would get no GPU$"
     with pytest.raises(FoldmillError, match=refused):
         check_plan(None, fold_cpus=8, fold_gpus=0, fold_mem_mb=16000, device="cuda")
+
+
+def test_conda_envs_install_this_checkout_never_a_package_from_an_index(tmp_path):
+    """envs/*.yaml (snakemake --sdm conda) install the checkout the workflow runs from, editable; pip
+    resolves their lines to this checkout. Building the environments needs conda, which CI lacks."""
+    import json
+
+    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    used = {Path(path).name for path in re.findall(r'env_path\("([\w.]+)"\)', "".join(
+        path.read_text() for path in (REPO / "rules").glob("*.smk")))}  # fmt: skip
+    assert used == {path.name for path in (REPO / "envs").glob("*.yaml")}
+    lines = set()
+    for name in sorted(used):
+        environment = yaml.safe_load((REPO / "envs" / name).read_text())
+        pip = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
+        assert len(pip) == 1 and re.fullmatch(r"--editable \$\{FOLDMILL_CHECKOUT\}(\[\w+\])?", pip[0]), (name, pip)
+        lines.add(pip[0])
+    for line in sorted(lines):
+        wanted = re.findall(r"\[(\w+)\]", line)
+        assert set(wanted) <= extras, line
+        # What pip (which conda runs on these lines) would install, with FOLDMILL_CHECKOUT as the workflow sets it.
+        requirements = tmp_path / "requirements.txt"
+        requirements.write_text(line + "\n")
+        report = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation", "--no-index",
+             "--quiet", "--report", "-", "-r", str(requirements)],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "FOLDMILL_CHECKOUT": str(REPO)},
+        )  # fmt: skip
+        assert report.returncode == 0, report.stderr
+        (install,) = json.loads(report.stdout)["install"]
+        assert install["metadata"]["name"] == "foldmill" and install["download_info"]["dir_info"] == {"editable": True}
+        assert install["download_info"]["url"] == REPO.as_uri()
+        assert install.get("requested_extras", []) == wanted
+
+
+def test_sacct_records_become_one_line_per_failed_job_with_its_reason(tmp_path):
+    """What the end of a Slurm run lists (the accounting itself is exercised in test_slurm_cluster)."""
+    from foldmill.runtime.slurm_accounting import failure_lines, jobs_from_logs, parse_sacct
+
+    # sacct --parsable2 --noheader --format=JobIDRaw,State,ExitCode,ReqMem,MaxRSS,Elapsed,Timelimit,NodeList,Comment
+    output = (
+        "5|FAILED|1:0|2000M||00:00:37|00:15:00|gpu07|\n"
+        "5.batch|FAILED|1:0||178172K||||\n"
+        "5.0|CANCELLED by 0|0:9||2097712K||||\n"
+        "6|COMPLETED|0:0|4000M||00:00:20|00:30:00|gpu07|\n"
+        "7|TIMEOUT|0:0|16000M||06:00:00|06:00:00|gpu08|rule_fold_wildcards_shard_0003\n"
+        "8|OUT_OF_MEMORY|0:125|8000M||00:10:00|01:00:00|gpu09|\n"
+        "9|FAILED|2:0|4000M||00:00:05|01:00:00|cpu01|\n"
+    )
+    records = {record.job_id: record for record in parse_sacct(output)}
+    assert records["5"].exit_code == "0:9" and records["5"].max_rss_mb == 2049  # from the killed step
+    logs = tmp_path / "slurm_logs"
+    for relative in ("rule_shards/5.log", "rule_shards/6.log", "rule_worklist/9.log"):
+        (logs / relative).parent.mkdir(parents=True, exist_ok=True)
+        (logs / relative).write_text("")
+    labels = jobs_from_logs(logs, since=0)
+    assert labels == {"5": "rule shards", "6": "rule shards", "9": "rule worklist"}
+    assert jobs_from_logs(logs, since=time.time() + 60) == {}  # logs of earlier runs are not this run's
+    assert failure_lines(records.values(), labels) == [
+        "Slurm job 5 (rule shards) on gpu07: FAILED, killed by signal 9, used 2049 MB of 2000 MB memory, out of memory",
+        "Slurm job 7 (rule_fold_wildcards_shard_0003) on gpu08: TIMEOUT, time limit 06:00:00 reached",
+        "Slurm job 8 (?) on gpu09: OUT_OF_MEMORY, killed by signal 125, out of memory",
+        "Slurm job 9 (rule worklist) on cpu01: FAILED, exit code 2",
+    ]

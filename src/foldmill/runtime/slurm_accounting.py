@@ -36,11 +36,7 @@ class JobRecord:
     elapsed: str
     time_limit: str
     nodes: str
-    comment: str  # the Slurm plugin's rule_<rule>_wildcards_<...>
-
-    @property
-    def rule(self) -> str:
-        return re.sub(r"^rule_|_wildcards_.*$", "", self.comment) or "?"
+    comment: str  # the Slurm plugin's rule_<rule>_wildcards_<...>, where the cluster keeps comments
 
     def reason(self) -> str:
         """Why the job did not complete, in words."""
@@ -119,25 +115,31 @@ def query_jobs(job_ids: Iterable[str]) -> list[JobRecord]:
     return parse_sacct(done.stdout) if done.returncode == 0 else []
 
 
-def job_ids_from_logs(log_dir: Path, since: float) -> list[str]:
-    """Ids of the Slurm jobs whose plugin log (<log_dir>/rule_<rule>/.../<jobid>.log) was written
-    since `since` (a time.time()): the jobs of this run. Failed jobs keep their logs."""
+def jobs_from_logs(log_dir: Path, since: float) -> dict[str, str]:
+    """The Slurm jobs whose plugin log (<log_dir>/rule_<rule>/<wildcards>/<jobid>.log) was written
+    since `since` (a time.time()), the jobs of this run (failed jobs keep their logs), by id: what
+    each ran, e.g. "rule fold, shard_0003" (sacct keeps a job's comment only on some clusters)."""
     if not log_dir.is_dir():
-        return []
-    ids = []
+        return {}
+    jobs = {}
     for path in log_dir.rglob("*.log"):
         try:
-            if path.stem.isdigit() and path.stat().st_mtime >= since:
-                ids.append(path.stem)
+            if not (path.stem.isdigit() and path.stat().st_mtime >= since):
+                continue
         except OSError:
             continue
-    return ids
+        rule, *wildcards = path.parent.relative_to(log_dir).parts or ("?",)
+        jobs[path.stem] = ", ".join([f"rule {rule.removeprefix('rule_')}", *wildcards])
+    return jobs
 
 
-def failure_lines(records: Iterable[JobRecord]) -> list[str]:
-    """One line per job that did not complete: job id, rule (and wildcards), node, reason."""
+def failure_lines(records: Iterable[JobRecord], labels: Mapping[str, str] | None = None) -> list[str]:
+    """One line per job that did not complete: job id, what it ran (`labels` by job id, else its
+    comment), node, reason."""
+    labels = labels or {}
     return [
-        f"Slurm job {record.job_id} ({record.comment or record.rule}) on {record.nodes or 'no node'}: {record.reason()}"
+        f"Slurm job {record.job_id} ({labels.get(record.job_id) or record.comment or '?'}) on "
+        f"{record.nodes or 'no node'}: {record.reason()}"
         for record in records
         if record.state not in ("COMPLETED", "PENDING", "RUNNING", "REQUEUED")
     ]
