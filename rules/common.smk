@@ -44,7 +44,7 @@ def env_path(name):
 # them. The folder above rules/ (a workflow loaded from a remote source has no checkout to install).
 RULES_DIR = Path(workflow.current_basedir.get_path_or_uri(secret_free=True))
 if RULES_DIR.is_dir():
-    os.environ["FOLDMILL_CHECKOUT"] = str(RULES_DIR.resolve().parent)
+    os.environ.update(FOLDMILL_CHECKOUT=str(RULES_DIR.resolve().parent))
 
 
 def msa_database_input(wildcards):

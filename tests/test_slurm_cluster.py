@@ -109,6 +109,8 @@ def slurm_cluster():
         **os.environ,
         "FOLDMILL_SLURM_NODES": str(NODES),
         "FOLDMILL_SLURM_PORT": str(_free_port()),
+        # This cluster's jobs take seconds: check their states every 10 s, not 40 s.
+        "FOLDMILL_SLURM_POLL_SECONDS": "10",
         "SLURM_CONF": str(state_dir / "etc/slurm.conf"),
     }
     # The profile's settings are its defaults (status command auto: sacct, accounting answers here).

@@ -20,7 +20,7 @@ import yte
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-PROFILE_ENV = ("FOLDMILL_SLURM_STATUS_COMMAND", "FOLDMILL_KEEP_JOB_LOGS")
+PROFILE_ENV = ("FOLDMILL_SLURM_STATUS_COMMAND", "FOLDMILL_KEEP_JOB_LOGS", "FOLDMILL_SLURM_POLL_SECONDS")
 
 
 def render_profile(monkeypatch: pytest.MonkeyPatch, **environ: str) -> dict:
@@ -37,6 +37,8 @@ def test_profile_leaves_where_jobs_run_to_the_config(monkeypatch):
     assert profile["executor"] == "slurm"
     assert profile["slurm-status-command"] == "squeue"
     assert profile["slurm-keep-successful-logs"] is True
+    assert profile["slurm-init-seconds-before-status-checks"] == 40
+    assert render_profile(monkeypatch, FOLDMILL_SLURM_POLL_SECONDS="10")["slurm-init-seconds-before-status-checks"] == 10
     # No set-resources: a command-line --set-resources would replace it whole (partition included).
     assert "set-resources" not in profile
     assert profile["default-resources"] == {"mem_mb": 4000, "runtime": 60}
