@@ -30,6 +30,15 @@ onstart:
     check_slurm_plan()
 
 
+# On Slurm, the jobs of the run that failed, with sacct's reasons (rules/common.smk); one handler each.
+onsuccess:
+    report_slurm_failures()
+
+
+onerror:
+    report_slurm_failures()
+
+
 rule all:
     input:
         lambda wildcards: FINAL_OUTPUTS,

@@ -53,6 +53,7 @@ rule fold:
         nodes=shard_nodes,
         mem_mb=shard_mem_mb,
         runtime=shard_runtime,
+        **slurm_resources("fold", gpus=shard_gpu if FOLD_ON_GPU else 0),
     log:
         LOGDIR / "fold/{shard}.log",
     conda:

@@ -22,6 +22,8 @@ rule moe_prepare_corpus:
         alphabet=MOE["alphabet"],
         val_fraction=MOE["val_fraction"],
         shard_tokens=MOE["shard_tokens"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "moe_prepare_corpus.log",
     conda:
@@ -47,6 +49,7 @@ rule moe_pretrain:
         nodes=MOE_NODES,
         runtime=MOE["runtime_minutes"],
         mem_mb=MOE["mem_mb"],
+        **slurm_resources("pretrain"),
     log:
         LOGDIR / "moe_pretrain.log",
     conda:
@@ -68,6 +71,7 @@ rule moe_evaluate:
         gpu=min(MOE["gpus"], 1),
         runtime=30,
         mem_mb=MOE["mem_mb"],
+        **slurm_resources("pretrain"),
     log:
         LOGDIR / "moe_evaluate.log",
     conda:

@@ -20,6 +20,7 @@ rule stage_msas:
         attempt=lambda wildcards, attempt: attempt,
         mem_mb=staging_mem_mb(256000, LOGDIR / "stage_msas.log"),
         runtime=grown(720, LOGDIR / "stage_msas.log", cap=0),
+        **slurm_resources("msa"),
     log:
         LOGDIR / "stage_msas.log",
     conda:

@@ -10,6 +10,8 @@ rule summary:
     input:
         # The fold tables of every shard the `shards` checkpoint wrote (a lambda keeps --lint clean).
         fold=lambda wildcards: [OUTDIR / f"fold/{s}.tsv" for s in shard_ids(wildcards)],
+        # Per target: the shard, Slurm job and node that folded it (rule fold's job tables).
+        jobs=lambda wildcards: [LOGDIR / f"fold/{s}.jobs.tsv" for s in shard_ids(wildcards)],
         worklist=OUTDIR / "worklist/worklist.tsv",
         # What was refused on the way, so every target given appears with its status and reason.
         worklist_rejects=OUTDIR / "worklist/rejects.tsv",
@@ -19,6 +21,8 @@ rule summary:
     output:
         tsv=OUTDIR / "summary.tsv",
         parquet=OUTDIR / "summary.parquet",
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "summary.log",
     conda:
@@ -35,6 +39,8 @@ rule filter:
         failed=OUTDIR / "filter/failed.tsv",
     params:
         filters=config["filters"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "filter.log",
     conda:
@@ -54,6 +60,8 @@ rule export:
     params:
         filters=config["filters"],
         export=config["export"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "export.log",
     conda:
@@ -67,6 +75,8 @@ rule export_archive:
         rules.export.output.manifest,
     output:
         OUTDIR / "export.tar.gz",
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "export_archive.log",
     conda:
@@ -107,6 +117,8 @@ rule report_figures:
         ),
     params:
         filters=config["filters"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "report_figures.log",
     conda:
@@ -123,6 +135,8 @@ rule report:
         OUTDIR / "report.html",
     params:
         filters=config["filters"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "report.log",
     conda:

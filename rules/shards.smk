@@ -72,6 +72,7 @@ checkpoint shards:
         attempt=lambda wildcards, attempt: attempt,
         mem_mb=grown(2000, LOGDIR / "shards.log"),
         runtime=grown(15, LOGDIR / "shards.log", cap=0),
+        **slurm_resources(),
     log:
         LOGDIR / "shards.log",
     conda:

@@ -19,6 +19,7 @@ rule stage_templates:
         attempt=lambda wildcards, attempt: attempt,
         mem_mb=staging_mem_mb(128000, LOGDIR / "stage_templates.log"),
         runtime=grown(360, LOGDIR / "stage_templates.log", cap=0),
+        **slurm_resources("templates"),
     log:
         LOGDIR / "stage_templates.log",
     conda:

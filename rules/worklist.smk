@@ -12,6 +12,8 @@ rule worklist:
     params:
         skip_bad=config["skip_bad"],
         max_tokens=config["worklist"]["max_tokens"],
+    resources:
+        **slurm_resources(),
     log:
         LOGDIR / "worklist.log",
     conda:

@@ -10,6 +10,7 @@ summary, the report and the export README; the single-sequence MSA warning must 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,20 @@ def test_demo_model_announced_in_summary_report_and_export(run: dict) -> None:
     readme = (run["out"] / "export/README.md").read_text()
     assert f"> **WARNING: 4 target(s) folded by the {DEMO_WARNING}.**" in readme.splitlines()
     assert "2 target(s) did not fold" in readme and "of 6 targets passed" in readme
+
+
+def test_summary_and_report_say_which_shard_job_and_node_folded_each_target(run: dict) -> None:
+    """The per-shard job tables (logs/fold/<shard>.jobs.tsv) reach the summary and the report; outside
+    Slurm the job id is empty and the node is this machine."""
+    tables = sorted((run["out"] / "logs/fold").glob("shard_*.jobs.tsv"))
+    jobs = pd.concat(pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in tables)
+    summary = run["summary"]
+    folded = summary[summary["status"] == "ok"]
+    assert len(folded) == 4 and set(folded.index) <= set(jobs["target_id"])
+    by_target = jobs.set_index("target_id")
+    for target_id, row in folded.iterrows():
+        assert row[["shard", "job_id", "node"]].tolist() == by_target.loc[target_id, ["shard", "job_id", "node"]].tolist()
+        assert row["shard"].startswith("shard_") and row["job_id"] == "" and row["node"] == socket.gethostname().split(".")[0]
+    assert summary.loc["broken", ["shard", "job_id", "node"]].tolist() == ["", "", ""]  # never reached a fold job
+    report = (run["out"] / "report/targets.html").read_text()
+    assert "<th>Slurm job</th>" in report and "<th>node</th>" in report and folded["shard"].iloc[0] in report

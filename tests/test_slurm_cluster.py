@@ -1,12 +1,15 @@
-"""The workflow on a real Slurm cluster: scripts/slurm/start.sh starts munged, slurmctld and two
-slurmd (two virtual nodes with two fake GPUs each) on this machine; every daemon it started is
-stopped at the end, also when a test fails.
+"""The workflow on a real Slurm cluster: scripts/slurm/start.sh starts munged, MariaDB, slurmdbd,
+slurmctld and two slurmd (two virtual nodes with two fake GPUs each) on this machine; every daemon
+it started is stopped at the end, also when a test fails.
 
 Covered: the cluster user's walkthrough of profiles/README.md, its commands run as written (and
 README.md's): a job no node can run and a corrupt checkpoint each stop the run in one line before
-any staging job, the dry run, the real run through fold, summary and export with a job that dies
-for memory retried with more, CPUs consistent from sbatch to the job step, and a rerun that does
-nothing; and a Ray cluster started across the two nodes of one allocation (foldmill.runtime.ray_slurm).
+any staging job, the dry run, the real run through fold, summary and export with a job that Slurm
+kills for memory, retried with more and reported with sacct's reason, the config's partition,
+account, QoS, constraint and extra sbatch options reaching sbatch with a command-line
+--set-resources adding to them, CPUs consistent from sbatch to the job step, per-target job lines
+in the summary, and a rerun that does nothing; and a Ray cluster started across the two nodes of
+one allocation (foldmill.runtime.ray_slurm).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -27,13 +31,16 @@ from pathlib import Path
 import gemmi
 import pandas as pd
 import pytest
+import yaml
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
+NODE_NAMES = rf"{re.escape(socket.gethostname().split('.')[0])}-[1-{NODES}]"
 # The walkthrough's my_proteome.yaml for this cluster (nodes of 2 CPUs, no real GPU): 3 small demo
-# proteins in 2 shards, the demo model on CPU with a short recipe.
+# proteins in 2 shards, the demo model on CPU with a short recipe; its `slurm:` line is added from
+# profiles/README.md (walkthrough_slurm), with a node feature and an extra sbatch option.
 TEST_CONFIG = """\
 inputs: [proteins.fasta]
 sharding: {tokens_per_shard: 60}
@@ -41,7 +48,8 @@ model: {checkpoint: demo, device: cpu, recipe: {recycling_steps: 0, sampling_ste
 msa: {threads: 1}
 templates: {threads: 1}
 export: {tar_gz: true}
-slurm: {cpus_per_gpu: 1, mem_mb_per_gpu: 2000, mem_mb_per_token: 1, startup_minutes: 5}
+slurm: {cpus_per_gpu: 1, mem_mb_per_gpu: 4000, mem_mb_per_token: 1, startup_minutes: 5,
+        fold: {constraint: fakegpu}, msa: {extra: --nice=7}}
 moe: {enabled: false}
 """
 # Workflow files a user's checkout has; the walkthrough runs in a directory linking to them.
@@ -101,13 +109,14 @@ def slurm_cluster():
         **os.environ,
         "FOLDMILL_SLURM_NODES": str(NODES),
         "FOLDMILL_SLURM_PORT": str(_free_port()),
+        # This cluster's jobs take seconds: check their states every 10 s, not 40 s.
+        "FOLDMILL_SLURM_POLL_SECONDS": "10",
         "SLURM_CONF": str(state_dir / "etc/slurm.conf"),
     }
-    # The profile's knobs come from the walkthrough's own export lines only.
+    # The profile's settings are its defaults (status command auto: sacct, accounting answers here).
     for name in [name for name in env if name.startswith("FOLDMILL_") and not name.startswith("FOLDMILL_SLURM_")]:
         del env[name]
-    for name in ("FOLDMILL_SLURM_ACCOUNT", "FOLDMILL_SLURM_QOS", "FOLDMILL_SLURM_STATUS_COMMAND"):
-        env.pop(name, None)
+    env.pop("FOLDMILL_SLURM_STATUS_COMMAND", None)
     cluster = Cluster(state_dir, env)
     try:
         started = cluster.run(str(REPO / "scripts/slurm/start.sh"), str(state_dir), timeout=120)
@@ -169,6 +178,25 @@ def ray_probe(slurm_cluster, tmp_path_factory):
     return submitted.stdout.strip(), workdir
 
 
+def walkthrough_slurm() -> dict:
+    """The `slurm:` line of the walkthrough's my_proteome.yaml (profiles/README.md)."""
+    walkthrough = (REPO / "profiles/README.md").read_text().split("## Walkthrough", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", walkthrough, flags=re.DOTALL).group(1)
+    return yaml.safe_load(textwrap.dedent(block))["slurm"]
+
+
+def walkthrough_config(**changes: str) -> str:
+    """TEST_CONFIG with the walkthrough's `slurm:` settings under its own, `changes` replacing text."""
+    text = TEST_CONFIG
+    for old, new in changes.items():
+        text = text.replace(old, new)
+    config = yaml.safe_load(text)
+    slurm = walkthrough_slurm()
+    for key, value in config["slurm"].items():
+        slurm[key] = {**slurm.get(key, {}), **value} if isinstance(value, dict) else value
+    return yaml.safe_dump({**config, "slurm": slurm})
+
+
 def documented_commands() -> tuple[list[str], list[str]]:
     """The `export` lines of profiles/README.md and every Slurm-profile snakemake command line of
     README.md and profiles/README.md, as written (from their ```bash blocks, comments dropped)."""
@@ -224,9 +252,11 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
     exports, commands = documented_commands()
     dry_run = "snakemake --profile profiles/slurm --configfile my_proteome.yaml -n"
     run = "snakemake --profile profiles/slurm --configfile my_proteome.yaml"
+    run_high = run + " --set-resources fold:qos=high"  # one setting for one run, added to the config's
     rerun = ".venv/bin/snakemake --profile profiles/slurm --configfile my_proteome.yaml"  # README.md's
-    assert sorted(commands) == sorted([dry_run, run, rerun]), "a documented command this test does not run"
-    assert any("FOLDMILL_SLURM_ACCOUNT=" in line for line in exports) and any("QOS" in line for line in exports)
+    assert sorted(commands) == sorted([dry_run, run, run_high, rerun]), "a documented command this test does not run"
+    assert exports == []  # everything cluster-specific is in my_proteome.yaml
+    assert walkthrough_slurm() == {"account": "mylab", "qos": "normal", "partition": "cpu", "fold": {"partition": "gpu"}}
     _checkout(tmp_path)
     records = (REPO / "config/demo/proteome.fasta").read_text().split(">")[1:4]
     (tmp_path / "proteins.fasta").write_text("".join(">" + record for record in records))
@@ -235,7 +265,7 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
     jobs_before = len(slurm_cluster.jobs())
 
     # A job no node can run (msa.threads defaults to 8 CPUs; the nodes have 2): one line, nothing queued.
-    config.write_text(TEST_CONFIG.replace("msa: {threads: 1}\n", ""))
+    config.write_text(walkthrough_config(**{"msa: {threads: 1}\n": ""}))
     too_big = _run_documented(slurm_cluster, tmp_path, run)
     assert too_big.returncode == 1, too_big.stdout + too_big.stderr
     assert (
@@ -246,7 +276,7 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
 
     # A corrupt checkpoint fails the local check_model once, in one line, before any staging job.
     (tmp_path / "boltz2_conf.ckpt").write_bytes(b"not a checkpoint")
-    config.write_text(TEST_CONFIG.replace("checkpoint: demo", "checkpoint: boltz2_conf.ckpt"))
+    config.write_text(walkthrough_config(**{"checkpoint: demo": "checkpoint: boltz2_conf.ckpt"}))
     bad_model = _run_documented(slurm_cluster, tmp_path, run)
     output = bad_model.stdout + bad_model.stderr
     assert bad_model.returncode == 1, output
@@ -254,13 +284,14 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
     assert output.count("Error in rule check_model") == 1 and "Trying to restart" not in output
     assert {_rule(job) for job in _run_jobs(slurm_cluster, output)} <= {"worklist"}
 
-    # The fixed config: dry run, then the real run (the shards job dies for memory on its first attempt).
-    config.write_text(TEST_CONFIG)
+    # The fixed config: dry run, then the real run with the fold jobs at QoS high (the shards job is
+    # killed by Slurm for memory on its first attempt).
+    config.write_text(walkthrough_config())
     planned = _run_documented(slurm_cluster, tmp_path, dry_run)
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert re.search(r"^fold\s", planned.stdout, flags=re.MULTILINE) is None  # fold jobs exist once shards ran
     assert re.search(r"^stage_msas\s+1$", planned.stdout, flags=re.MULTILINE), planned.stdout
-    first = _run_documented(slurm_cluster, tmp_path, run, FOLDMILL_TEST_OOM_BELOW_MB="3000")
+    first = _run_documented(slurm_cluster, tmp_path, run_high, FOLDMILL_TEST_OOM_BELOW_MB="3000")
     output = first.stdout + first.stderr
     assert first.returncode == 0, output
 
@@ -289,13 +320,27 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
         ("COMPLETED", "4000M"),  # resubmitted with twice the memory
     ]
     failed_log = tmp_path / f".snakemake/slurm_logs/rule_shards/{shards_attempts[0]['JobId']}.log"
-    assert "simulated out-of-memory: granted 2000 MB, needs 3000 MB" in failed_log.read_text()
+    assert "exceeded memory limit" in failed_log.read_text()
+    # Job states came from sacct (accounting answers), and the run ends with sacct's reason.
+    assert "Detailed failure reason unavailable" not in output
+    assert "Slurm jobs of this run that did not complete (sacct):" in output
+    assert re.search(
+        rf"Slurm job {shards_attempts[0]['JobId']} \(rule shards\) on {NODE_NAMES}: FAILED, killed by signal 9, "
+        r"used \d+ MB of 2000 MB memory, out of memory", output
+    ), output[-3000:]
     # Fold jobs got the CPUs the config asks for (slurm.cpus_per_gpu: 1), and their job step (srun
     # with the rule's threads) ran in them; staging jobs got msa.threads / templates.threads.
     assert {job["NumCPUs"] for job in jobs} == {"1"}
-    assert {job["Partition"] for job in jobs if _rule(job) == "fold"} == {"gpu"}
-    assert {job["Partition"] for job in jobs if _rule(job) != "fold"} == {"cpu"}
-    assert {job["Account"] for job in jobs} == {"mylab"} and {job["QOS"] for job in jobs} <= {"normal", "(null)"}
+    # Where jobs ran, from the config's slurm: section, with the command line's QoS for fold added.
+    fold_jobs = [job for job in jobs if _rule(job) == "fold"]
+    assert {(job["Partition"], job["QOS"], job["Features"]) for job in fold_jobs} == {("gpu", "high", "fakegpu")}
+    others = [job for job in jobs if _rule(job) != "fold"]
+    assert {(job["Partition"], job["QOS"], job["Features"]) for job in others} == {("cpu", "normal", "(null)")}
+    assert {job["Account"] for job in jobs} == {"mylab"}
+    assert {(_rule(job), job["Nice"]) for job in jobs if job["Nice"] != "0"} == {("stage_msas", "7")}
+    accounted = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobIDRaw,Partition,QOS,Account", "-j",
+                                  ",".join(job["JobId"] for job in fold_jobs))  # fmt: skip
+    assert sorted(accounted.stdout.split()) == sorted(f"{job['JobId']}|gpu|high|mylab" for job in fold_jobs)
     assert {job["JobState"] for job in jobs if job is not shards_attempts[0]} == {"COMPLETED"}
     # Visibility: Slurm's log of every job is kept, successful ones too, and each target has a line
     # saying which shard, job and node folded it.
@@ -303,9 +348,12 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
         assert list((tmp_path / ".snakemake/slurm_logs").glob(f"**/{job['JobId']}.log")), job
     per_target = pd.concat(pd.read_csv(path, sep="\t", dtype=str) for path in (results / "logs/fold").glob("*.jobs.tsv"))
     assert sorted(per_target["target_id"]) == sorted(target_ids) and set(per_target["status"]) == {"ok"}
-    fold_jobs = {job["JobId"]: job for job in jobs if _rule(job) == "fold"}
+    fold_by_id = {job["JobId"]: job for job in fold_jobs}
     for row in per_target.itertuples():
-        assert fold_jobs[row.job_id]["Comment"].endswith(row.shard) and fold_jobs[row.job_id]["NodeList"] == row.node
+        assert fold_by_id[row.job_id]["Comment"].endswith(row.shard) and fold_by_id[row.job_id]["NodeList"] == row.node
+    # ... and the summary holds the same lines.
+    in_summary = summary.set_index("target_id")[["shard", "job_id", "node"]].astype(str)
+    assert in_summary.to_dict("index") == per_target.set_index("target_id")[["shard", "job_id", "node"]].to_dict("index")
 
     # README.md's command: a rerun finds everything done and submits nothing.
     job_count = len(slurm_cluster.jobs())

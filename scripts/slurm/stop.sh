@@ -4,8 +4,9 @@
 # Usage: scripts/slurm/stop.sh [STATE_DIR]
 #
 # Cancels the cluster's jobs, then stops exactly the daemons whose PIDs start.sh recorded in
-# STATE_DIR/run/ (each slurmd, slurmctld, and munged only if start.sh started it), each by PID:
-# SIGTERM, then SIGKILL after 10 s; then removes the /etc/slurm/slurm.conf link start.sh made.
+# STATE_DIR/run/ (each slurmd, slurmctld, slurmdbd, MariaDB, and munged only if start.sh started
+# it), each by PID: SIGTERM, then SIGKILL after 10 s; then removes the /etc/slurm/slurm.conf link
+# start.sh made.
 # Safe to run twice, or after a start that failed half-way.
 set -uo pipefail
 
@@ -54,6 +55,8 @@ for pidfile in "$run"/slurmd.*.pid; do
     [ -e "$pidfile" ] && stop_daemon "$(basename "$pidfile" .pid)"
 done
 stop_daemon slurmctld
+stop_daemon slurmdbd
+stop_daemon mariadbd
 stop_daemon munged
 # The link start.sh made to this cluster's configuration.
 [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null)" = "$state_dir/etc/slurm.conf" ] && rm -f /etc/slurm/slurm.conf

@@ -12,6 +12,7 @@ def main(snakemake) -> None:
         msa_manifest=snakemake.input.msa_manifest,
         msa_rejects=snakemake.input.msa_rejects,
         template_rejects=snakemake.input.template_rejects,
+        job_tables=list(snakemake.input.jobs),
     )
     table = build_summary(list(snakemake.input.fold), snakemake.input.worklist, records)
     # The summary sits in the run's outdir beside the other rules' outputs.

@@ -56,7 +56,8 @@ def _snakemake(workdir: Path, *args: str, profile: Path | None = None) -> float:
                "--configfile", str(workdir / "config.yaml"), *args]  # fmt: skip
     if profile is not None:
         command += ["--profile", str(profile)]
-    env = {**os.environ, "FOLDMILL_SLURM_ACCOUNT": os.environ.get("FOLDMILL_SLURM_ACCOUNT", "bench")}
+    # squeue: no accounting probe at profile load (the plan is what is timed)
+    env = {**os.environ, "FOLDMILL_SLURM_STATUS_COMMAND": "squeue"}
     log = workdir / ("plan.log" if "-n" in args else "build.log")
     started = time.perf_counter()
     with open(log, "a") as out:
@@ -77,6 +78,7 @@ def _prepare(workdir: Path, shards: int, cores: int) -> None:
         f"sharding: {{tokens_per_shard: 1, max_shards: {shards}}}\n"
         "model: {checkpoint: demo, device: cuda}\n"
         "moe: {enabled: false}\n"
+        "slurm: {account: bench}\n"  # an account keeps the Slurm plugin from guessing one
     )
     _snakemake(workdir, "--cores", str(cores), "results/shards")
     built = len(list((workdir / "results/shards").glob("shard_*.tsv")))

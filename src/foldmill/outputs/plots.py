@@ -150,6 +150,9 @@ TABLE_COLUMNS = {
     "n_chains": "chains",
     "n_tokens": "tokens",
     "seconds": "seconds",
+    "shard": "shard",
+    "job_id": "Slurm job",
+    "node": "node",
     "reason": "reason",
     "warnings": "warnings",
 }

@@ -4,7 +4,9 @@ Inputs are the per-shard fold tables (columns target_id, status ok|failed|reject
 n_tokens, seconds, replica, prediction_dir), the worklist and, from a workflow run, what was refused
 on the way (RunRecords): the worklist's rejects (rows after the worklist's, status rejected), the
 MSA staging manifest (per-chain MSA depth and source) and rejects (status rejected, whatever the
-fold said), and the template rejects (status unchanged, a note in `warnings`). For finished targets
+fold said), the template rejects (status unchanged, a note in `warnings`) and the per-shard job
+tables of the fold jobs (OUTDIR/logs/fold/<shard>.jobs.tsv: the shard, Slurm job id and node that
+folded each target; foldmill.runtime.job_log). For finished targets
 the metrics come from the best model's confidence JSON and the target's prediction record. A
 relative prediction_dir is read relative to the working directory (Snakemake's, like OUTDIR itself).
 
@@ -65,12 +67,16 @@ SUMMARY_COLUMNS = [
     "seed",
     "seconds",
     "replica",
+    "shard",  # the fold job that folded the target: its shard, Slurm job id ("" outside Slurm) and node
+    "job_id",
+    "node",
     "prediction_dir",
     "source",  # input file:record the target came from
 ]
 TEXT_COLUMNS = {
     "target_id", "status", "status_reason", "warnings", "target_type", "chain_lengths", "composition",
-    "msa_depth", "msa_source", "chains_ptm", "best_model", "model", "seed", "replica", "prediction_dir", "source",
+    "msa_depth", "msa_source", "chains_ptm", "best_model", "model", "seed", "replica", "shard", "job_id", "node", "prediction_dir",
+    "source",
 }  # fmt: skip
 COUNT_COLUMNS = {"n_chains", "n_residues", "n_tokens", "min_msa_depth", "interface_contacts", "n_models"}
 METRIC_COLUMNS = [*CONFIDENCE_SCALARS, "min_chain_ptm", "min_pair_iptm", "mean_pair_iptm", "interface_pae"]
@@ -108,13 +114,15 @@ class RunRecords:
     msa_manifest: str | Path | None = None  # OUTDIR/staged/msa_manifest.tsv
     msa_rejects: str | Path | None = None  # OUTDIR/staged/msa_rejects.tsv
     template_rejects: str | Path | None = None  # OUTDIR/staged/templates_rejects.tsv
+    job_tables: Sequence[str | Path] = ()  # OUTDIR/logs/fold/<shard>.jobs.tsv
 
     @classmethod
     def beside(cls, worklist: str | Path) -> RunRecords:
         """The records of the run whose worklist is `worklist` (OUTDIR/worklist/worklist.tsv), those present."""
         folder = Path(worklist).parent
         paths = (folder / "rejects.tsv", *(folder.parent / "staged" / name for name in _STAGED_FILES))
-        return cls(*(path if path.is_file() else None for path in paths))
+        job_tables = tuple(sorted((folder.parent / "logs" / "fold").glob("shard_*.jobs.tsv")))
+        return cls(*(path if path.is_file() else None for path in paths), job_tables=job_tables)
 
 
 @dataclass
@@ -124,6 +132,7 @@ class _Staged:
     msas: dict[MSAKey, tuple[int, str]] | None  # None: no manifest, no MSA columns
     msa_rejects: dict[MSAKey, str]
     template_notes: dict[str, list[str]]
+    jobs: dict[str, dict[str, str]]  # target_id -> shard, job_id, node
 
     @classmethod
     def read(cls, records: RunRecords) -> _Staged:
@@ -141,7 +150,12 @@ class _Staged:
         if records.template_rejects is not None:
             for row in read_template_rejects(records.template_rejects).itertuples(index=False):
                 notes.setdefault(row.target_id, []).append(f"templates not used: {row.problem}")
-        return cls(msas, msa_rejects, notes)
+        jobs = {}
+        for path in records.job_tables:
+            table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
+            for row in table.to_dict("records"):
+                jobs[row["target_id"]] = {key: row.get(key, "") for key in ("shard", "job_id", "node")}
+        return cls(msas, msa_rejects, notes, jobs)
 
 
 def build_summary(
@@ -223,6 +237,7 @@ def _summary_row(worklist_row: dict[str, str], fold_row: dict | None, staged: _S
             seconds=float(fold_row["seconds"]) if str(fold_row["seconds"]) != "" else np.nan,
             replica=fold_row["replica"],
             prediction_dir=fold_row["prediction_dir"],
+            **staged.jobs.get(target.target_id, {}),
         )
     if msa_problems and row["status"] != "ok":
         row.update(status="rejected", status_reason="; ".join(msa_problems))

@@ -40,20 +40,22 @@ def job_request(job: Any) -> JobRequest:
 
 
 def profile_resource(workflow: Any, rule: str, name: str) -> Any:
-    """A resource the profile (or --set-resources) gives a rule, or None."""
+    """A resource --set-resources (command line or profile) gives a rule, or None."""
     value = (workflow.resource_settings.overwrite_resources.get(rule) or {}).get(name)
     if hasattr(value, "evaluate"):  # an expression, evaluated as Snakemake would for a first attempt
         value = value.evaluate({}, input=[], attempt=1, threads=1, rulename=rule, async_run=workflow.async_run).value
     return value
 
 
-def check_plan(workflow: Any, fold_cpus: int, fold_gpus: int, fold_mem_mb: int, device: str) -> None:
-    """Raise a one-line FoldmillError when a planned job can never start on this Slurm cluster."""
+def check_plan(workflow: Any, fold_cpus: int, fold_gpus: int, fold_mem_mb: int, device: str,
+               fold_partition: str = "") -> None:
+    """Raise a one-line FoldmillError when a planned job can never start on this Slurm cluster.
+    `fold_partition`: the config's (slurm.fold.partition), unless --set-resources gives another."""
     if device == "cuda" and fold_gpus == 0:
         raise FoldmillError("model.device is cuda but slurm.gpus_per_node is 0: fold jobs would get no GPU")
     jobs = [job for job in workflow.dag.needrun_jobs() if not job.is_group() and not job.is_local]
     requests = [job_request(job) for job in jobs]
     if {"shards", "fold"} & {job.rule.name for job in jobs}:
-        partition = profile_resource(workflow, "fold", "slurm_partition") or DEFAULT_PARTITION
+        partition = profile_resource(workflow, "fold", "slurm_partition") or fold_partition or DEFAULT_PARTITION
         requests.append(JobRequest("fold", partition, fold_cpus, fold_mem_mb, fold_gpus, SLURM_KNOBS["fold"]))
     check_requests(requests)
