@@ -137,3 +137,19 @@ def job_resources(stats: ShardStats, sizing: JobSizing, gpus: int, attempt: int 
     if sizing.max_mem_mb:
         mem_mb = min(mem_mb, sizing.max_mem_mb)
     return JobResources(mem_mb=mem_mb, runtime_minutes=runtime)
+
+
+def shard_job_resources(shard_dir: str | Path, sizing: JobSizing, gpus: int, attempt: int = 1) -> dict[str, JobResources]:
+    """`job_resources` of every shard in the manifest, by shard id, computed once per manifest and
+    attempt: Snakemake plans every fold job's memory and runtime, and 10,000 jobs each sizing
+    its shard anew showed in the planning time."""
+    path = Path(shard_dir) / MANIFEST_NAME
+    return _shard_job_resources(str(path), path.stat().st_mtime_ns, sizing, gpus, attempt)
+
+
+@functools.lru_cache(maxsize=8)
+def _shard_job_resources(
+    path: str, mtime_ns: int, sizing: JobSizing, gpus: int, attempt: int
+) -> dict[str, JobResources]:
+    manifest = _read_manifest(path, mtime_ns)
+    return {shard: job_resources(stats, sizing, gpus, attempt) for shard, stats in manifest.items()}
