@@ -145,7 +145,9 @@ def job_resources(stats: ShardStats, sizing: JobSizing, gpus: int, attempt: int 
     return JobResources(mem_mb=mem_mb, runtime_minutes=runtime)
 
 
-def shard_job_resources(shard_dir: str | Path, sizing: JobSizing, gpus: int, attempt: int = 1) -> dict[str, JobResources]:
+def shard_job_resources(
+    shard_dir: str | Path, sizing: JobSizing, gpus: int, attempt: int = 1
+) -> dict[str, JobResources]:
     """`job_resources` of every shard in the manifest, by shard id, computed once per manifest and
     attempt: Snakemake plans every fold job's memory and runtime, and 10,000 jobs each sizing
     its shard anew showed in the planning time."""
