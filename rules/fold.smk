@@ -30,7 +30,7 @@ rule check_model:
 rule fold:
     input:
         # The shard's worklist rows, written by the `shards` checkpoint.
-        shard=lambda wildcards: Path(checkpoints.shards.get().output[0]) / f"{wildcards.shard}.tsv",
+        shard=lambda wildcards: shard_dir() / f"{wildcards.shard}.tsv",
         msa=OUTDIR / "staged/msa_manifest.tsv",
         templates=OUTDIR / "staged/templates_manifest.tsv",
     output:
@@ -53,6 +53,10 @@ rule fold:
         nodes=shard_nodes,
         mem_mb=shard_mem_mb,
         runtime=shard_runtime,
+        # Snakemake's default disk_mb, max(2 x input size, 1000), costs an event loop per job to
+        # size the inputs (a third of planning at 10,000 shards). A fold job's inputs (a shard
+        # table, two manifests) are far below 500 MB, so this is the value the default gives.
+        disk_mb=1000,
         **slurm_resources("fold", gpus=shard_gpu if FOLD_ON_GPU else 0),
     log:
         LOGDIR / "fold/{shard}.log",

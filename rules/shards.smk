@@ -6,7 +6,7 @@
 # the attempt, so a job that ran out of either is retried with more (runtime/retry.py: not after
 # an error that more memory cannot fix), up to slurm.max_mem_mb.
 from foldmill.runtime import retry
-from foldmill.runtime.sharding import JobSizing, job_resources, read_manifest
+from foldmill.runtime.sharding import JobSizing, shard_job_resources
 
 SLURM = config["slurm"]
 SHARD_DIR = OUTDIR / "shards"
@@ -16,16 +16,27 @@ shard_gpu = SLURM["gpus_per_node"] if shard_nodes == 1 else 0
 shard_gres = f"gpu:{SLURM['gpus_per_node']}" if shard_nodes > 1 and SLURM["gpus_per_node"] else ""
 
 
+_shards_written = []
+
+
+def shard_dir():
+    """The folder the `shards` checkpoint wrote; raises Snakemake's IncompleteCheckpointException
+    (the caller then waits for the checkpoint) until it has run. Once it has, the folder is
+    final for the rest of this Snakemake process, so checkpoints.shards.get(), which expands
+    the checkpoint's output anew on each call, is asked once instead of three times per fold job."""
+    if not _shards_written:
+        _shards_written.append(Path(checkpoints.shards.get().output[0]))
+    return _shards_written[0]
+
+
 def shard_ids(wildcards):
     """Ids of the shards the `shards` checkpoint wrote (re-evaluated once it has run)."""
-    shard_dir = checkpoints.shards.get().output[0]
-    return sorted(Path(p).stem for p in Path(shard_dir).glob("shard_*.tsv"))
+    return sorted(p.stem for p in shard_dir().glob("shard_*.tsv"))
 
 
 def _shard_job(wildcards, attempt):
-    stats = read_manifest(checkpoints.shards.get().output[0])[wildcards.shard]
     growth = retry.growth(LOGDIR / f"fold/{wildcards.shard}.log", attempt)
-    return job_resources(stats, JOB_SIZING, shard_nodes * SLURM["gpus_per_node"], growth)
+    return shard_job_resources(shard_dir(), JOB_SIZING, shard_nodes * SLURM["gpus_per_node"], growth)[wildcards.shard]
 
 
 def grown(base, log, cap=SLURM["max_mem_mb"]):

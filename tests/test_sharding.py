@@ -14,6 +14,7 @@ from foldmill.runtime.sharding import (
     plan_shards,
     read_manifest,
     shard_count,
+    shard_job_resources,
     write_shards,
 )
 
@@ -97,6 +98,14 @@ def test_write_shards_files_and_manifest(tmp_path):
         rows.append(shard)
     merged = pd.concat(rows).sort_values("target_id").reset_index(drop=True)
     pd.testing.assert_frame_equal(merged, table.sort_values("target_id").reset_index(drop=True), check_dtype=False)
+
+    # Every shard's job, sized once per manifest and attempt, as job_resources sizes it alone;
+    # a manifest written anew (the checkpoint rerun) is read anew.
+    sizing = JobSizing()
+    sized = shard_job_resources(tmp_path / "shards", sizing, gpus=2, attempt=2)
+    assert sized == {shard: job_resources(stats, sizing, 2, 2) for shard, stats in manifest.items()}
+    write_shards(source, tmp_path / "shards", tokens_per_shard=1_000_000, max_shards=100)
+    assert list(shard_job_resources(tmp_path / "shards", sizing, gpus=2, attempt=2)) == ["shard_0000"]
 
 
 def test_write_shards_rejects_a_table_that_is_no_worklist(tmp_path):

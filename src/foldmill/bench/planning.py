@@ -4,6 +4,8 @@ For each shard count N in --shards: a synthetic proteome of N proteins is built 
 N shards by the workflow itself (`snakemake --cores C OUTDIR/shards`, not timed), then
 `snakemake --profile profiles/slurm -n` is timed: Snakemake reads the shards, builds the DAG of N
 fold jobs plus staging and outputs, evaluates every job's resources and prints the plan (to a file).
+Both its wall time and its CPU time (user + system) are reported: on a shared machine the wall time
+also counts waiting for a core, the CPU time does not.
 With --with-groups the same dry run is timed again with a copy of the profile that groups the steps
 after folding (summary ... report_figures) into one Slurm job, as the profile once did: a group
 holding `summary`, which needs every fold job, makes Snakemake's group checks grow with N squared.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -50,8 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _snakemake(workdir: Path, *args: str, profile: Path | None = None) -> float:
-    """Seconds one snakemake invocation took; its output goes to workdir/<first arg>.log."""
+def _cpu_seconds_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _snakemake(workdir: Path, *args: str, profile: Path | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds one snakemake invocation took; its output goes to workdir/<first arg>.log."""
     command = [sys.executable, "-m", "snakemake", "-s", str(CHECKOUT / "Snakefile"), "--directory", str(workdir),
                "--configfile", str(workdir / "config.yaml"), *args]  # fmt: skip
     if profile is not None:
@@ -59,13 +67,13 @@ def _snakemake(workdir: Path, *args: str, profile: Path | None = None) -> float:
     # squeue: no accounting probe at profile load (the plan is what is timed)
     env = {**os.environ, "FOLDMILL_SLURM_STATUS_COMMAND": "squeue"}
     log = workdir / ("plan.log" if "-n" in args else "build.log")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds_of_children()
     with open(log, "a") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds_of_children() - cpu_started
     if done.returncode != 0:
         raise FoldmillError(f"planning bench: snakemake failed, see {log}")
-    return seconds
+    return seconds, cpu_seconds
 
 
 def _prepare(workdir: Path, shards: int, cores: int) -> None:
@@ -96,24 +104,29 @@ def run(args: argparse.Namespace) -> None:
             workdir = Path(scratch) / f"shards_{count}"
             workdir.mkdir()
             _prepare(workdir, count, args.cores)
-            seconds = _snakemake(workdir, "-n", profile=CHECKOUT / "profiles/slurm")
+            seconds, cpu = _snakemake(workdir, "-n", profile=CHECKOUT / "profiles/slurm")
             grouped = None
             if args.with_groups:
                 profile = workdir / "grouped-profile"
                 profile.mkdir()
                 profile_text = (CHECKOUT / "profiles/slurm/config.yaml").read_text()
                 (profile / "config.yaml").write_text(profile_text + GROUPS)
-                grouped = _snakemake(workdir, "-n", profile=profile)
-            rows.append((count, seconds, grouped))
-            print(f"{count} shards: {seconds:.1f} s" + (f" ({grouped:.1f} s grouped)" if grouped else ""), flush=True)
-    tsv = "shards\tseconds\tseconds_grouped\n" + "".join(
-        f"{count}\t{seconds:.2f}\t{'' if grouped is None else f'{grouped:.2f}'}\n" for count, seconds, grouped in rows
+                grouped = _snakemake(workdir, "-n", profile=profile)[0]
+            rows.append((count, seconds, cpu, grouped))
+            grouped_text = f" ({grouped:.1f} s grouped)" if grouped else ""
+            print(f"{count} shards: {seconds:.1f} s, {cpu:.1f} s CPU{grouped_text}", flush=True)
+    tsv = "shards\tseconds\tcpu_seconds\tseconds_grouped\n" + "".join(
+        f"{count}\t{seconds:.2f}\t{cpu:.2f}\t{'' if grouped is None else f'{grouped:.2f}'}\n"
+        for count, seconds, cpu, grouped in rows
     )
     write_text_atomic(out / "planning.tsv", tsv)
-    table = ["| fold jobs (shards) | `snakemake -n`, profile | with the outputs grouped |", "| ---: | ---: | ---: |"]
+    table = [
+        "| fold jobs (shards) | `snakemake -n`, profile | its CPU time | with the outputs grouped |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     table += [
-        f"| {count:,} | {seconds:.1f} s | {'-' if grouped is None else f'{grouped:.1f} s'} |"
-        for count, seconds, grouped in rows
+        f"| {count:,} | {seconds:.1f} s | {cpu:.1f} s | {'-' if grouped is None else f'{grouped:.1f} s'} |"
+        for count, seconds, cpu, grouped in rows
     ]
     machine = f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     write_text_atomic(out / "planning.md", f"Planning time ({machine})\n\n" + "\n".join(table) + "\n")

@@ -86,11 +86,17 @@ def read_manifest(shard_dir: str | Path) -> dict[str, ShardStats]:
     """The manifest `write_shards` wrote, by shard id (cached while the file is unchanged:
     Snakemake asks for every shard job's resources, possibly several times)."""
     path = Path(shard_dir) / MANIFEST_NAME
-    return _read_manifest(str(path), path.stat().st_mtime_ns)
+    return _read_manifest(str(path), _version(path))
+
+
+def _version(path: Path) -> tuple[int, int]:
+    """What changes when the file is written anew (a cache key)."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
 
 
 @functools.lru_cache(maxsize=8)
-def _read_manifest(path: str, mtime_ns: int) -> dict[str, ShardStats]:
+def _read_manifest(path: str, version: tuple[int, int]) -> dict[str, ShardStats]:
     table = pd.read_csv(path, sep="\t", dtype={"shard_id": str})
     return {
         row.shard_id: ShardStats(row.shard_id, int(row.n_targets), int(row.n_tokens), int(row.max_tokens))
@@ -137,3 +143,21 @@ def job_resources(stats: ShardStats, sizing: JobSizing, gpus: int, attempt: int 
     if sizing.max_mem_mb:
         mem_mb = min(mem_mb, sizing.max_mem_mb)
     return JobResources(mem_mb=mem_mb, runtime_minutes=runtime)
+
+
+def shard_job_resources(
+    shard_dir: str | Path, sizing: JobSizing, gpus: int, attempt: int = 1
+) -> dict[str, JobResources]:
+    """`job_resources` of every shard in the manifest, by shard id, computed once per manifest and
+    attempt: Snakemake plans every fold job's memory and runtime, and 10,000 jobs each sizing
+    its shard anew showed in the planning time."""
+    path = Path(shard_dir) / MANIFEST_NAME
+    return _shard_job_resources(str(path), _version(path), sizing, gpus, attempt)
+
+
+@functools.lru_cache(maxsize=8)
+def _shard_job_resources(
+    path: str, version: tuple[int, int], sizing: JobSizing, gpus: int, attempt: int
+) -> dict[str, JobResources]:
+    manifest = _read_manifest(path, version)
+    return {shard: job_resources(stats, sizing, gpus, attempt) for shard, stats in manifest.items()}
