@@ -179,3 +179,38 @@ def test_staging_searches_a_colabfold_directory_by_its_protocol(database, tmp_pa
 
     again = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
     assert again.searched == 0  # cached by sequence, database and protocol settings
+
+
+def test_gpu_search_flags_padded_layout_and_a_cpu_build(database, tmp_path):
+    """MMseqs2's GPU search as colabfold_search asks for it (--gpu 1, ungapped prefilter, no -s),
+    against a padded database written by the pinned MMseqs2's makepaddedseqdb; the pinned build has
+    no CUDA, so `auto` stays on the CPU and `on` is a one-line error. The GPU itself is untested here."""
+    cpu = colabfold.Runner(tmp_path, colabfold.ColabFoldSettings(sensitivity=7.5)).search_flags()
+    gpu = colabfold.Runner(tmp_path, colabfold.ColabFoldSettings(sensitivity=7.5, gpu=True)).search_flags()
+    assert cpu[-4:] == ["--prefilter-mode", "0", "-s", "7.5"]
+    assert gpu[-4:] == ["--gpu", "1", "--prefilter-mode", "1"] and "-s" not in gpu
+    assert colabfold.ColabFoldSettings(gpu=True).describe() != colabfold.ColabFoldSettings().describe()
+
+    binary = mmseqs_binary()
+    assert not colabfold.cuda_build(binary)
+    assert not colabfold.use_gpu("auto", database) and not colabfold.use_gpu("off", database)
+    with pytest.raises(FoldmillError, match="msa.gpu is on but .* is MMseqs2 without CUDA"):
+        colabfold.use_gpu("on", database)
+    with pytest.raises(FoldmillError, match=r"_db: not laid out for MMseqs2's GPU search \(build it with `mmseqs make"):
+        database.search_target(database.uniref, gpu=True)
+
+    padded = tmp_path / "padded"
+    padded.mkdir()
+    for path in database.root.iterdir():
+        (padded / path.name).symlink_to(path)
+    databases = colabfold.ColabFoldDatabases.find(padded)
+    for name in databases.names():
+        subprocess.run([binary, "makepaddedseqdb", databases.path(name), databases.path(name, "_pad"), "-v", "1"],
+                       check=True, capture_output=True)  # fmt: skip
+    assert databases.padded() and colabfold.is_padded(databases.path(databases.uniref, "_pad"))
+    assert databases.search_target(databases.uniref, gpu=True) == databases.path(databases.uniref, "_pad")
+    assert databases.search_target(databases.uniref) == databases.path(databases.uniref)
+    with pytest.raises(FoldmillError) as error:  # the real GPU search, as far as a CPU build goes
+        colabfold.unpaired_msas([YEAST_PEPTIDE], databases, tmp_path / "run", colabfold.ColabFoldSettings(gpu=True))
+    assert str(error.value).startswith("mmseqs search failed (exit 1): ")
+    assert "compiled without CUDA support" in str(error.value) and "\n" not in str(error.value)

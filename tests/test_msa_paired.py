@@ -57,7 +57,8 @@ def write_run(root: Path) -> dict[str, Path]:
 
 
 def stage(paths: dict[str, Path], staged: Path, config: MSAStagingConfig) -> staging.StagingResult:
-    return stage_msas(paths["chains"], staged / "msa_manifest.tsv", config, paths["worklist"], staged / "msa_rejects.tsv")
+    manifest, rejects = staged / "msa_manifest.tsv", staged / "msa_rejects.tsv"
+    return stage_msas(paths["chains"], manifest, config, paths["worklist"], rejects)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,8 @@ def test_complexes_get_paired_msas_in_the_manifest(run):
     assert own["depth"].tolist()[2] == 1  # no homolog: the query alone
 
     again = stage(run["paths"], run["root"] / "again", run["config"])
-    assert again.searched == 0 and again.manifest.drop(columns="path").equals(run["result"].manifest.drop(columns="path"))
+    assert again.searched == 0
+    assert again.manifest.drop(columns="path").equals(run["result"].manifest.drop(columns="path"))
 
 
 def test_paired_features_equal_oss_boltz_from_the_same_search(run, tmp_path):
@@ -168,8 +170,9 @@ def test_a_failed_pairing_rejects_or_falls_back_as_configured(run, tmp_path, on_
             (database / path.name).symlink_to(path)
     cache = tmp_path / "cache"
     shutil.copytree(run["root"] / "cache", cache, ignore=shutil.ignore_patterns("*.pair*"))  # unpaired MSAs only
-    section = {"mode": "search", "database": str(database), "threads": 2, "cache_dir": str(cache), "on_failure": on_failure}
-    config = MSAStagingConfig.from_config(section)
+    config = MSAStagingConfig.from_config(
+        {"mode": "search", "database": str(database), "threads": 2, "cache_dir": str(cache), "on_failure": on_failure}
+    )
     staged = tmp_path / "staged"
     result = stage(run["paths"], staged, config)
     assert result.searched == 0
@@ -182,9 +185,11 @@ def test_a_failed_pairing_rejects_or_falls_back_as_configured(run, tmp_path, on_
     assert summary.loc["alpha", "msa_source"] == "A:search" and summary.loc["alpha", "status"] == "failed"
     problem = "pairing complexes needs UniRef30's taxonomy mapping"
     if on_failure == "reject":
-        assert len(result.rejects) == 2 and set(result.rejects["complex"]) == {complex_key(run["targets"]["hemoglobin"])}
+        assert len(result.rejects) == 2
+        assert set(result.rejects["complex"]) == {complex_key(run["targets"]["hemoglobin"])}
         assert summary.loc["hemoglobin", "status"] == "rejected"
-        assert problem in summary.loc["hemoglobin", "status_reason"] and "_mapping: missing" in result.rejects["problem"].iloc[0]
+        assert problem in summary.loc["hemoglobin", "status_reason"]
+        assert "_mapping: missing" in result.rejects["problem"].iloc[0]
         assert summary.loc["hemoglobin", "msa_source"] == "A:rejected,B:rejected"
     else:
         assert result.rejects.empty
@@ -196,5 +201,5 @@ def test_a_failed_pairing_rejects_or_falls_back_as_configured(run, tmp_path, on_
         assert "1 target(s) folded with fallback MSAs (msa.on_failure; see the warnings column)" in warnings
         staged_inputs = StagedInputs.from_manifests(staged, run["targets"]["hemoglobin"])
         own = read_msa_manifest(run["root"] / "staged" / "msa_manifest.tsv")
-        assert {str(path) for path in staged_inputs.msa_paths.values()} == set(own["path"].iloc[:2])
+        assert {path.name for path in staged_inputs.msa_paths.values()} == {Path(p).name for p in own["path"].iloc[:2]}
     assert pd.api.types.is_integer_dtype(result.manifest["paired_rows"])

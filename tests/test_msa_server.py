@@ -306,7 +306,7 @@ def test_staging_in_server_mode_rejects_only_what_the_server_refuses(url, databa
     assert depths == {"a" * 64: len(dict.fromkeys(rows)), "b" * 64: 1}
     assert list(result.rejects["chain_hash"]) == ["c" * 64]
     assert result.rejects["problem"].iloc[0] == f"{url}: ticket/msa refused the query (status ERROR)"
-    assert set(result.manifest["source"]) == {"search"}
+    assert set(result.manifest["source"]) == {"server"} and set(result.manifest["protocol"]) == {"colabfold"}
 
     again = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
     assert again.searched == 1  # only the refused one is asked again; the rest come from the cache

@@ -22,6 +22,7 @@ reads the resulting databases directly instead of unpacking one file per query.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -94,6 +95,27 @@ class ColabFoldDatabases:
     def indexed(self, name: str) -> bool:
         return self.path(name, ".idx.dbtype").is_file() or self.path(name, ".idx.index").is_file()
 
+    def search_target(self, name: str, gpu: bool = False) -> Path:
+        """What `mmseqs search` searches: the cluster database, for the GPU search its padded layout
+        (the database itself when `GPU=1 setup_databases.sh` wrote it padded, else NAME_pad beside
+        it, as `mmseqs makepaddedseqdb NAME NAME_pad` writes it)."""
+        if not gpu or is_padded(self.path(name)):
+            return self.path(name)
+        padded = self.path(name, "_pad")
+        if Path(f"{padded}.dbtype").is_file() and is_padded(padded):
+            return padded
+        raise FoldmillError(
+            f"{self.path(name)}: not laid out for MMseqs2's GPU search (build it with `mmseqs makepaddedseqdb "
+            f"{self.path(name)} {padded}`, or set msa.gpu to off)"
+        )
+
+    def padded(self) -> bool:
+        """Whether every database searched has a GPU (padded) layout."""
+        try:
+            return all(self.search_target(name, gpu=True) is not None for name in self.names())
+        except FoldmillError:
+            return False
+
     def sequences(self, name: str) -> Path:
         """What expandaln/align/result2msa read members from: the index if built, else `_seq`."""
         return self.path(name, ".idx" if self.indexed(name) else "_seq")
@@ -145,6 +167,58 @@ def database_type(prefix: Path) -> int:
     """An MMseqs2 database's type, without the compression/extension bits."""
     raw = Path(f"{prefix}.dbtype").read_bytes()
     return int.from_bytes(raw[:4], "little") & 0xFFFF
+
+
+GPU_EXTENSION = 8  # MMseqs2's extended database type bit of a padded (GPU) database, stored << 16
+
+
+def is_padded(prefix: Path) -> bool:
+    """Whether an MMseqs2 database has the padded layout its GPU search needs (makepaddedseqdb)."""
+    try:
+        raw = Path(f"{prefix}.dbtype").read_bytes()
+    except OSError:
+        return False
+    return bool((int.from_bytes(raw[:4], "little") >> 16) & GPU_EXTENSION)
+
+
+GPU_MODES = ("auto", "on", "off")
+
+
+def use_gpu(mode: str, databases: ColabFoldDatabases, binary: str | None = None) -> bool:
+    """Whether to run MMseqs2's GPU search (msa.gpu): `on` needs a CUDA build of MMseqs2 and padded
+    databases (a one-line error otherwise); `auto` uses it when both are there and a GPU is visible."""
+    if mode not in GPU_MODES:
+        raise FoldmillError(f"msa.gpu must be one of {', '.join(GPU_MODES)}, not {mode!r}")
+    if mode == "off":
+        return False
+    binary = binary or mmseqs_binary()
+    if mode == "on":
+        if not cuda_build(binary):
+            raise FoldmillError(
+                f"msa.gpu is on but {binary} is MMseqs2 without CUDA (set FOLDMILL_MMSEQS to a GPU build)"
+            )
+        for name in databases.names():
+            databases.search_target(name, gpu=True)
+        return True
+    return cuda_build(binary) and gpu_visible() and databases.padded()
+
+
+@functools.lru_cache(maxsize=8)
+def cuda_build(binary: str) -> bool:
+    """Whether an MMseqs2 binary was built with CUDA: a CPU build carries the message it prints when
+    asked for the GPU (`MMseqs2 was compiled without CUDA support`); a CUDA build does not."""
+    try:
+        with open(binary, "rb") as handle:
+            return b"compiled without CUDA support" not in handle.read()
+    except OSError:
+        return False
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA GPU this process may use (a device node, not hidden by CUDA_VISIBLE_DEVICES)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def read_database(prefix: Path) -> dict[int, str]:
@@ -229,7 +303,8 @@ def unpaired_msas(
     load = ["--db-load-mode", "0"]
 
     uniref = databases.uniref
-    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
+    target = databases.search_target(uniref, settings.gpu)
+    run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
     run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     _expand_realign_filter(run, databases, uniref, w / "qdb", w / "prof_res", w / "res", "uniref", load,
@@ -237,8 +312,8 @@ def unpaired_msas(
     parts = [w / "uniref.a3m"]
     environmental = databases.environmental
     if environmental:
-        run("search", w / "prof_res", databases.path(environmental), w / "res_env", w / "tmp3",
-            *run.threads(), *run.search_flags())  # fmt: skip
+        target = databases.search_target(environmental, settings.gpu)
+        run("search", w / "prof_res", target, w / "res_env", w / "tmp3", *run.threads(), *run.search_flags())
         # ColabFold expands environmental clusters without its cluster filter and realigns with the
         # last iteration's profile.
         env_expand = ["-e", str(math.inf), "--expansion-mode", "0"]
@@ -286,7 +361,8 @@ def paired_msas(
     members, alignments = databases.sequences(uniref), databases.alignments(uniref)
     load = ["--db-load-mode", "0"]
     pairing = ["--pairing-mode", str(settings.pairing_strategy)]
-    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
+    target = databases.search_target(uniref, settings.gpu)
+    run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
     run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     run("expandaln", w / "qdb", members, w / "res", alignments, w / "res_exp", *load, *run.threads(),

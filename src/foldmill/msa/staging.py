@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +120,7 @@ class MSAStagingConfig:
     # a chain (or complex) the search or server could not answer: reject its targets, or fold it
     # from its sequence alone (a complex: from its chains' unpaired MSAs)
     on_failure: str = "reject"
+    gpu: str = "auto"  # MMseqs2's GPU search for the colabfold protocol: auto | on | off
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> MSAStagingConfig:
@@ -148,6 +149,7 @@ class MSAStagingConfig:
             cache_dir=cache_dir or section["cache_dir"],
             search=search,
             on_failure=section["on_failure"],
+            gpu={True: "on", False: "off"}.get(section["gpu"], section["gpu"]),  # YAML reads on/off as booleans
         )
 
     def resolved_mode(self) -> str:
@@ -163,6 +165,10 @@ class MSAStagingConfig:
         """Whether complexes get paired MSAs: ColabFold's protocol, locally or from the server."""
         mode = self.resolved_mode()
         return mode == "server" or (mode == "search" and self.resolved_protocol() == "colabfold")
+
+    def colabfold_settings(self, databases: colabfold.ColabFoldDatabases) -> colabfold.ColabFoldSettings:
+        """The colabfold protocol's settings, with msa.gpu resolved for this machine and database."""
+        return replace(self.colabfold, gpu=colabfold.use_gpu(self.gpu, databases))
 
     def resolved_protocol(self) -> str:
         if self.protocol not in PROTOCOLS:
@@ -247,7 +253,7 @@ def search_variant(config: MSAStagingConfig) -> str:
     if config.resolved_protocol() == "colabfold":
         databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
         signature = "|".join(mmseqs.file_signature(databases.path(name)) for name in databases.names())
-        settings = f"{config.colabfold.describe()}|v{SEARCH_FORMAT}"
+        settings = f"{config.colabfold_settings(databases).describe()}|v{SEARCH_FORMAT}"
     else:
         signature, settings = mmseqs.file_signature(config.database), config.search.describe()
     return "search-" + _digest(f"{signature}|{settings}|depth={config.max_depth}")
@@ -282,7 +288,7 @@ def stage_msas(
     manifest_path = Path(manifest_path)
     cache = MSACache(config.cache_dir or manifest_path.parent / "cache" / "msa")
     searched_source = "server" if mode == "server" else "search"
-    protocol = "" if mode not in ("search", "server") else "colabfold" if mode == "server" else config.resolved_protocol()
+    protocol = "colabfold" if mode == "server" else config.resolved_protocol() if mode == "search" else ""
     where = config.server.base_url if mode == "server" else config.database
     variant, unusable = "", ""
     if mode in ("search", "server"):
@@ -423,7 +429,7 @@ def paired_chain_msa(paired_a3m: str, unpaired: MSA, source: str, max_depth: int
     (Boltz caps its raw rows at MAX_BOLTZ_ROWS before dropping repeats, which differs only when
     more than that many raw rows would be needed)."""
     raw = list(a3m_text_rows(paired_a3m.splitlines(), source))[:MAX_PAIRED_ROWS]
-    keyed = [RawRow(row.text, str(index), row.record) for index, row in enumerate(raw) if row.text != "-" * len(row.text)]
+    keyed = [RawRow(row.text, str(i), row.record) for i, row in enumerate(raw) if row.text != "-" * len(row.text)]
     paired = rows_to_msa(iter(keyed), source, max_depth, keep_keyed_duplicates=True)
     if paired.length != unpaired.length:
         raise InputError(source, None, f"paired rows have {paired.length} columns, the chain {unpaired.length}")
@@ -448,7 +454,8 @@ def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) ->
     if config.mode not in ("auto", "search", "server"):
         return ""
     proteins = manifest[(manifest["entity_type"] == "protein") & (manifest["complex"] == "")]
-    alone = proteins[(proteins["depth"].astype(int) <= 1) & proteins["source"].isin(["search", "server", "single_sequence"])]
+    searched_or_single = proteins["source"].isin(["search", "server", "single_sequence"])
+    alone = proteins[(proteins["depth"].astype(int) <= 1) & searched_or_single]
     alone = alone[alone["given_msa"] != "empty"]
     if alone.empty:
         return ""
@@ -487,7 +494,8 @@ def search_msas(
     paired: dict[str, list[str]] = {}
     keyless = True
     if config.resolved_mode() == "server":
-        log.info("asking %s for the MSAs of %d chains and %d complexes", config.server.url, len(queries), len(complexes))
+        log.info("asking %s for the MSAs of %d chains and %d complexes", config.server.url, len(queries),
+                 len(complexes))  # fmt: skip
         a3ms, paired, problems = server.search_each(queries, complexes, cache_root / "server", config.server)
         rows = {name: list(a3m_text_rows(a3m.splitlines(), config.server.url)) for name, a3m in a3ms.items()}
     else:
@@ -537,7 +545,7 @@ def colabfold_rows(
     """ColabFold's unpaired MSAs (UniRef30 rows, then the environmental database's, whose repeated
     query row rows_to_msa drops as a duplicate) and the complexes' paired A3Ms."""
     databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
-    a3ms, paired = colabfold.search(queries, complexes, databases, workdir, config.colabfold)
+    a3ms, paired = colabfold.search(queries, complexes, databases, workdir, config.colabfold_settings(databases))
     rows = {
         chain_hash: list(a3m_text_rows(a3ms[chain_hash].splitlines(), f"{config.database} (ColabFold search)"))
         for chain_hash in queries
