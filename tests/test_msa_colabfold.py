@@ -175,7 +175,10 @@ def test_staging_searches_a_colabfold_directory_by_its_protocol(database, tmp_pa
     depths = dict(zip(result.manifest["chain_hash"], result.manifest["depth"]))
     assert depths["a" * 64] == len(dict.fromkeys(s for s in sequences)) > 1000  # distinct rows, query first
     assert depths["b" * 64] == 1  # no hit: the query alone
-    assert set(result.manifest["source"]) == {"search"}
+    assert set(result.manifest["source"]) == {"search"} and set(result.manifest["protocol"]) == {"colabfold"}
+    # searched through an index built once under the cache (the direct search above has none)
+    indexes = sorted(path.name for path in (tmp_path / "staged" / "cache" / "msa").glob("colabfold-index/*/*.idx"))
+    assert indexes == [f"{database.environmental}.idx", f"{database.uniref}.idx"]
 
     again = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
     assert again.searched == 0  # cached by sequence, database and protocol settings

@@ -169,7 +169,7 @@ def test_a_failed_pairing_rejects_or_falls_back_as_configured(run, tmp_path, on_
         if not path.name.endswith("_mapping"):
             (database / path.name).symlink_to(path)
     cache = tmp_path / "cache"
-    shutil.copytree(run["root"] / "cache", cache, ignore=shutil.ignore_patterns("*.pair*"))  # unpaired MSAs only
+    shutil.copytree(run["root"] / "cache", cache, ignore=shutil.ignore_patterns("*.pair*", "colabfold-index"))
     config = MSAStagingConfig.from_config(
         {"mode": "search", "database": str(database), "threads": 2, "cache_dir": str(cache), "on_failure": on_failure}
     )

@@ -23,11 +23,13 @@ reads the resulting databases directly instead of unpacking one file per query.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,9 @@ class ColabFoldDatabases:
     root: Path
     uniref: str
     environmental: str | None
+    # an index foldmill built (`with_search_index`): only the prefilter reads it, members and
+    # alignments come from _seq/_aln as colabfold_search reads them from an unindexed database
+    private_index: bool = False
 
     @classmethod
     def find(cls, root: str | Path, use_environmental: bool = True) -> ColabFoldDatabases:
@@ -117,11 +122,11 @@ class ColabFoldDatabases:
             return False
 
     def sequences(self, name: str) -> Path:
-        """What expandaln/align/result2msa read members from: the index if built, else `_seq`."""
-        return self.path(name, ".idx" if self.indexed(name) else "_seq")
+        """What expandaln/align/result2msa read members from: the index if setup built one, else `_seq`."""
+        return self.path(name, ".idx" if self.indexed(name) and not self.private_index else "_seq")
 
     def alignments(self, name: str) -> Path:
-        return self.path(name, ".idx" if self.indexed(name) else "_aln")
+        return self.path(name, ".idx" if self.indexed(name) and not self.private_index else "_aln")
 
     def check(self, name: str) -> None:
         """A database laid out by ColabFold's setup: cluster, member and alignment parts of the right types."""
@@ -144,6 +149,63 @@ class ColabFoldDatabases:
         taxonomy = [self.path(self.uniref, "_taxonomy")] + [self.path(self.uniref, f"_{n}.dmp") for n in ("nodes",)]
         if not any(path.is_file() for path in taxonomy):
             raise FoldmillError(f"{self.path(self.uniref)}: missing taxonomy (_taxonomy or _nodes.dmp) for pairing")
+
+
+INDEX_BASE_BYTES = 1 << 30  # an MMseqs2 index's k-mer table alone is about 0.9 GB
+INDEX_BYTES_PER_BYTE = 12  # and it grows by about this much per byte of indexed sequence data
+
+
+def with_search_index(
+    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float
+) -> ColabFoldDatabases:
+    """The databases, searched through an MMseqs2 index built once under `cache_dir` for each one
+    that has none and whose index would take at most `max_gb` (0 = never build one).
+
+    Without an index every prefilter step (three per database and run) builds the target's k-mer
+    table again; with one it is read. The index gives the same hits, and expandaln, align and
+    result2msa keep reading the database's own _seq/_aln parts, so the MSAs are unchanged. The
+    indexed copy is a directory of links to the database's files plus the index, named after the
+    databases' signatures, so a changed database gets a new one."""
+    missing = [name for name in databases.names() if not databases.indexed(name)]
+    if not missing or max_gb <= 0:
+        return databases
+    estimate = sum(INDEX_BASE_BYTES + INDEX_BYTES_PER_BYTE * databases.path(name).stat().st_size for name in missing)
+    if estimate > max_gb * 1e9:
+        log.info("no private MMseqs2 index of %s: about %.0f GB > msa.index_max_gb", databases.root, estimate / 1e9)
+        return databases
+    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
+    final = Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+    indexed = ColabFoldDatabases(final, databases.uniref, databases.environmental, private_index=True)
+    if all(indexed.indexed(name) for name in databases.names()):
+        return indexed
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(final.parent).free < 2 * estimate:
+        log.info("no private MMseqs2 index of %s: not enough free disk under %s", databases.root, cache_dir)
+        return databases
+    building = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    building.mkdir()
+    try:
+        for path in databases.root.iterdir():
+            if any(path.name.startswith(name) for name in databases.names()):
+                (building / path.name).symlink_to(path.resolve())
+        run = Runner(building, ColabFoldSettings(threads=threads))
+        for name in missing:
+            log.info("building an MMseqs2 index of %s (once; reused by later runs)", databases.path(name))
+            run("createindex", building / name, building / "tmp", *run.threads(), "--remove-tmp-files", "1", "-v", "1")
+        shutil.rmtree(building / "tmp", ignore_errors=True)
+        try:
+            building.rename(final)
+        except OSError:  # built concurrently by another run: use theirs
+            if not all(indexed.indexed(name) for name in databases.names()):
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return indexed
+
+
+def _signature(prefix: Path) -> str:
+    stat = prefix.resolve().stat()
+    return f"{prefix.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def is_colabfold_directory(path: str | Path) -> bool:

@@ -121,6 +121,7 @@ class MSAStagingConfig:
     # from its sequence alone (a complex: from its chains' unpaired MSAs)
     on_failure: str = "reject"
     gpu: str = "auto"  # MMseqs2's GPU search for the colabfold protocol: auto | on | off
+    index_max_gb: float = 32.0  # colabfold protocol: build a private index of an unindexed database up to this size
 
     @classmethod
     def from_config(cls, section: dict, cache_dir: str = "", threads: int | None = None) -> MSAStagingConfig:
@@ -150,6 +151,7 @@ class MSAStagingConfig:
             search=search,
             on_failure=section["on_failure"],
             gpu={True: "on", False: "off"}.get(section["gpu"], section["gpu"]),  # YAML reads on/off as booleans
+            index_max_gb=float(section["index_max_gb"]),
         )
 
     def resolved_mode(self) -> str:
@@ -505,7 +507,7 @@ def search_msas(
             log.info("searching %d chains and %d complexes against %s (%s protocol)", len(queries), len(complexes),
                      config.database, protocol)  # fmt: skip
             if protocol == "colabfold":
-                rows, paired = colabfold_rows(queries, complexes, config, workdir)
+                rows, paired = colabfold_rows(queries, complexes, config, workdir, cache_root)
             else:
                 rows, keyless = simple_search_rows(queries, config, workdir, cache_root), False
         except FoldmillError as error:
@@ -540,12 +542,18 @@ def simple_search_rows(
 
 
 def colabfold_rows(
-    queries: dict[str, str], complexes: dict[str, list[str]], config: MSAStagingConfig, workdir: Path
+    queries: dict[str, str], complexes: dict[str, list[str]], config: MSAStagingConfig, workdir: Path,
+    cache_root: Path,
 ) -> tuple[dict[str, list[RawRow]], dict[str, list[str]]]:
     """ColabFold's unpaired MSAs (UniRef30 rows, then the environmental database's, whose repeated
     query row rows_to_msa drops as a duplicate) and the complexes' paired A3Ms."""
     databases = colabfold.ColabFoldDatabases.find(config.database, config.colabfold.use_environmental)
-    a3ms, paired = colabfold.search(queries, complexes, databases, workdir, config.colabfold_settings(databases))
+    settings = config.colabfold_settings(databases)
+    if complexes:
+        databases.check_pairing()
+    if not settings.gpu:  # the GPU search reads its own padded layout
+        databases = colabfold.with_search_index(databases, cache_root, settings.threads, config.index_max_gb)
+    a3ms, paired = colabfold.search(queries, complexes, databases, workdir, settings)
     rows = {
         chain_hash: list(a3m_text_rows(a3ms[chain_hash].splitlines(), f"{config.database} (ColabFold search)"))
         for chain_hash in queries
