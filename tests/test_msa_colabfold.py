@@ -217,3 +217,32 @@ def test_gpu_search_flags_padded_layout_and_a_cpu_build(database, tmp_path):
         colabfold.unpaired_msas([YEAST_PEPTIDE], databases, tmp_path / "run", colabfold.ColabFoldSettings(gpu=True))
     assert str(error.value).startswith("mmseqs search failed (exit 1): ")
     assert "compiled without CUDA support" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("on_failure", ["reject", "fallback"])
+def test_an_unusable_database_costs_no_target_and_falls_back_only_if_configured(database, tmp_path, on_failure):
+    """A half-built ColabFold directory or a missing database: one line naming it; the chains are
+    rejected with it, or (msa.on_failure: fallback) single-sequence with it as their note."""
+    half = tmp_path / "half"
+    half.mkdir()
+    for path in database.root.iterdir():
+        if not path.name.startswith(f"{database.uniref}_aln"):
+            (half / path.name).symlink_to(path)
+    chains = tmp_path / "unique_chains.tsv"
+    chains.write_text(f"chain_hash\tentity_type\tmsa\tsequence\n{'a' * 16}\tprotein\t\t{YEAST_PEPTIDE}\n")
+    problems = {
+        half: f"{half / database.uniref}_aln: missing or half-built ColabFold database part",
+        tmp_path / "absent.fasta": f"{tmp_path / 'absent.fasta'}: sequence database cannot be read",
+    }
+    for where, problem in problems.items():
+        config = MSAStagingConfig.from_config({"mode": "search", "database": str(where), "on_failure": on_failure})
+        staged = tmp_path / where.name
+        result = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
+        if on_failure == "reject":
+            assert result.manifest.empty and len(result.rejects) == 1
+            assert result.rejects["problem"].iloc[0].startswith(problem), result.rejects["problem"].iloc[0]
+            assert result.rejects["source"].iloc[0] == str(where)
+        else:
+            assert result.rejects.empty and result.manifest["source"].tolist() == ["fallback"]
+            assert result.manifest["note"].iloc[0].startswith(problem) and result.manifest["depth"].tolist() == [1]
+        assert "\n" not in problem

@@ -408,10 +408,16 @@ def _expand_realign_filter(
 
 
 def paired_msas(
-    complexes: Sequence[Sequence[str]], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings
+    complexes: Sequence[Sequence[str]], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings,
+    searched: tuple[Path, Mapping[str, int]] | None = None,
 ) -> list[list[str]]:
     """Paired A3M of each chain of each complex (its distinct sequences, in order): row i of every
-    chain of a complex comes from one species; a chain without a partner there has a gap row."""
+    chain of a complex comes from one species; a chain without a partner there has a gap row.
+
+    `searched`: the work directory of an unpaired run (`unpaired_msas`) and its query keys by
+    sequence. Its UniRef30 search is the one this pass starts with (same database, same flags, and
+    a query's hits do not depend on the other queries), so when it covers every chain its result
+    and profiles are reused, re-keyed, instead of searched again."""
     if not complexes:
         return []
     databases.check_pairing()
@@ -423,9 +429,15 @@ def paired_msas(
     members, alignments = databases.sequences(uniref), databases.alignments(uniref)
     load = ["--db-load-mode", "0"]
     pairing = ["--pairing-mode", str(settings.pairing_strategy)]
-    target = databases.search_target(uniref, settings.gpu)
-    run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
-    run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+    chains = [sequence for group in complexes for sequence in group]
+    if searched is not None and all(sequence in searched[1] for sequence in chains):
+        keys = {key: searched[1][sequence] for key, sequence in enumerate(chains)}
+        remap_database(searched[0] / "res", w / "res", keys)
+        remap_database(searched[0] / "prof_res", w / "prof_res", keys)
+    else:
+        target = databases.search_target(uniref, settings.gpu)
+        run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
+        run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     run("expandaln", w / "qdb", members, w / "res", alignments, w / "res_exp", *load, *run.threads(),
         "--expansion-mode", "0", "-e", "inf", "--expand-filter-clusters", "0", "--max-seq-id", "0.95")
@@ -447,6 +459,24 @@ def paired_msas(
     ]
 
 
+def remap_database(source: Path, target: Path, keys: Mapping[int, int]) -> None:
+    """Write MMseqs2 database `target` whose entry k is `source`'s entry keys[k] (byte for byte; one data file)."""
+    data = source.read_bytes()
+    spans = {}
+    for line in Path(f"{source}.index").read_text().splitlines():
+        key, offset, length = (int(field) for field in line.split("\t")[:3])
+        spans[key] = (offset, length)
+    parts, index, offset = [], [], 0
+    for key in sorted(keys):
+        start, length = spans[keys[key]]
+        parts.append(data[start : start + length])
+        index.append(f"{key}\t{offset}\t{length}\n")
+        offset += length
+    target.write_bytes(b"".join(parts))
+    Path(f"{target}.index").write_text("".join(index))
+    shutil.copyfile(f"{source}.dbtype", f"{target}.dbtype")
+
+
 def search(
     sequences: Mapping[str, str],
     complexes: Mapping[str, Sequence[str]],
@@ -459,6 +489,7 @@ def search(
     unpaired = unpaired_msas([sequences[n] for n in names], databases, workdir / "unpaired", settings)
     complex_names = [name for name, chains in complexes.items() if len(dict.fromkeys(chains)) > 1]
     groups = [list(dict.fromkeys(complexes[name])) for name in complex_names]
-    paired = paired_msas(groups, databases, workdir / "paired", settings)
+    searched = {sequence: key for key, sequence in enumerate(sequences[n] for n in names)}
+    paired = paired_msas(groups, databases, workdir / "paired", settings, (workdir / "unpaired", searched))
     shutil.rmtree(workdir / "unpaired" / "tmp", ignore_errors=True)
     return dict(zip(names, unpaired)), dict(zip(complex_names, paired))

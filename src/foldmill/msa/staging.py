@@ -257,7 +257,10 @@ def search_variant(config: MSAStagingConfig) -> str:
         signature = "|".join(mmseqs.file_signature(databases.path(name)) for name in databases.names())
         settings = f"{config.colabfold_settings(databases).describe()}|v{SEARCH_FORMAT}"
     else:
-        signature, settings = mmseqs.file_signature(config.database), config.search.describe()
+        try:
+            signature, settings = mmseqs.file_signature(config.database), config.search.describe()
+        except OSError as error:
+            raise FoldmillError(f"{config.database}: sequence database cannot be read ({error.strerror})") from None
     return "search-" + _digest(f"{signature}|{settings}|depth={config.max_depth}")
 
 
@@ -384,25 +387,23 @@ def stage_msas(
         unpaired = {h: rows.get((h, "", "")) for h, _ in members}
         if any(row is None or row["source"] not in ("search", "server") for row in unpaired.values()):
             continue  # a chain without a searched MSA: the target is rejected or folds from its fallback
-        if complex_id in to_pair and complex_id not in paired_a3ms:
-            problem = problems.get(complex_id, f"{where}: no paired MSA returned")
-            for chain_hash, _ in members:
-                if config.on_failure == "fallback":
-                    path = Path(str(unpaired[chain_hash]["path"]))
-                    stage((chain_hash, ""), "protein", path, "fallback", complex_id, f"unpaired only: {problem}")
-                else:
-                    reject((chain_hash, ""), where, f"paired MSA: {problem}", complex_id)
-            continue
-        for position, (chain_hash, _) in enumerate(members):
-            path = cache.path(chain_hash, pair_variant.format(complex_id))
-            if complex_id in paired_a3ms:
-                label = f"{where} (paired search, complex {complex_id})"
-                combined = paired_chain_msa(
-                    paired_a3ms[complex_id][position], MSA.load(str(unpaired[chain_hash]["path"])), label,
-                    config.max_depth,
-                )  # fmt: skip
-                combined.save(path)
-            stage((chain_hash, ""), "protein", path, searched_source, complex_id)
+        problem = ""
+        if complex_id in to_pair:
+            try:
+                combine_paired(complex_id, members, paired_a3ms, unpaired, where, cache, pair_variant, config)
+            except (InputError, IndexError) as error:
+                problem = f"{where}: malformed paired MSA of complex {complex_id}: {error}"
+            except KeyError:
+                problem = problems.get(complex_id, f"{where}: no paired MSA returned")
+        for chain_hash, _ in members:
+            if not problem:
+                stage((chain_hash, ""), "protein", cache.path(chain_hash, pair_variant.format(complex_id)),
+                      searched_source, complex_id)  # fmt: skip
+            elif config.on_failure == "fallback":
+                path = Path(str(unpaired[chain_hash]["path"]))
+                stage((chain_hash, ""), "protein", path, "fallback", complex_id, f"unpaired only: {problem}")
+            else:
+                reject((chain_hash, ""), where, f"paired MSA: {problem}", complex_id)
 
     order = list(zip(chains["chain_hash"], chains["msa"], [""] * len(chains))) + sorted(
         key for key in rows if key[2]
@@ -419,6 +420,21 @@ def stage_msas(
         if warning:
             log.warning("%s", warning)
     return StagingResult(manifest, reject_table, len(to_search), seconds)
+
+
+def combine_paired(
+    complex_id: str, members: list[tuple[str, str]], paired_a3ms: dict[str, list[str]], unpaired: dict,
+    where: str, cache: MSACache, pair_variant: str, config: MSAStagingConfig,
+) -> None:
+    """Save each chain's MSA in the complex (paired_chain_msa); KeyError if the search returned none."""
+    a3ms = paired_a3ms[complex_id]
+    label = f"{where} (paired search, complex {complex_id})"
+    combined = [
+        paired_chain_msa(a3ms[position], MSA.load(str(unpaired[chain_hash]["path"])), label, config.max_depth)
+        for position, (chain_hash, _) in enumerate(members)
+    ]
+    for (chain_hash, _), msa in zip(members, combined):
+        msa.save(cache.path(chain_hash, pair_variant.format(complex_id)))
 
 
 def paired_chain_msa(paired_a3m: str, unpaired: MSA, source: str, max_depth: int) -> MSA:
