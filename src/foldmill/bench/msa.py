@@ -125,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
 
         indexed = colabfold.with_search_index(databases, cache, args.threads, config.index_max_gb)
         for label, searched in (("with the index", indexed), ("without an index", databases)):
+            workdir = scratch / label
             seconds, (ours, _) = timed(
-                lambda searched=searched, label=label: colabfold.search(queries, {}, searched, scratch / label, settings)
+                lambda searched=searched, workdir=workdir: colabfold.search(queries, {}, searched, workdir, settings)
             )
             equal = sum(ours[name] == theirs[name] for name in queries)
             rows.append({"contender": f"foldmill colabfold.search, {label}", "seconds": round(seconds, 2),

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,10 +190,17 @@ def with_search_index(
             if any(path.name.startswith(name) for name in databases.names()):
                 (building / path.name).symlink_to(path.resolve())
         run = Runner(building, ColabFoldSettings(threads=threads))
-        for name in missing:
+
+        def build(name: str) -> None:
             log.info("building an MMseqs2 index of %s (once; reused by later runs)", databases.path(name))
-            run("createindex", building / name, building / "tmp", *run.threads(), "--remove-tmp-files", "1", "-v", "1")
-        shutil.rmtree(building / "tmp", ignore_errors=True)
+            tmp = building / f"tmp_{name}"
+            run("createindex", building / name, tmp, *run.threads(), "--remove-tmp-files", "1", "-v", "1")
+            shutil.rmtree(tmp, ignore_errors=True)
+
+        # Side by side: writing an index is much of its cost, and one build's writes overlap the other's k-mer counting.
+        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+            for done in [pool.submit(build, name) for name in missing]:
+                done.result()
         try:
             building.rename(final)
         except OSError:  # built concurrently by another run: use theirs

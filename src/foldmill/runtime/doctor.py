@@ -61,4 +61,6 @@ def _mmseqs_gpu() -> str:
         binary = mmseqs.mmseqs_binary()
     except FoldmillError:
         return "no mmseqs"
-    return "CUDA build (msa.gpu auto uses it with padded databases)" if cuda_build(binary) else "CPU build (no GPU search)"
+    if cuda_build(binary):
+        return "CUDA build (msa.gpu auto uses it with padded databases)"
+    return "CPU build (no GPU search)"
