@@ -1,5 +1,6 @@
 # MSA staging: one MSA per distinct polymer chain (src/foldmill/msa/staging.py).
-# Proteins without an MSA are searched in ONE batched MMseqs2 search per run (msa.mode).
+# Proteins without an MSA are searched in ONE batched MMseqs2 search per run (msa.mode); with
+# ColabFold's protocol or server, the worklist's complexes also get paired MSAs.
 
 
 rule stage_msas:

@@ -109,6 +109,7 @@ def _write_own_case(name: str, directory: Path) -> Path:
 CASES = {
     "monomer_msa": oss_oracle.write_case,
     "dimer_keyed_msa": None,
+    "dimer_paired_msa": oss_oracle.write_case,  # Boltz's paired CSV: the query rows keyed 0 too
     "polymers_modified": None,
     "ligands_constraints": None,
     "template": oss_oracle.write_case,

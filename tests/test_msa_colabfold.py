@@ -175,7 +175,74 @@ def test_staging_searches_a_colabfold_directory_by_its_protocol(database, tmp_pa
     depths = dict(zip(result.manifest["chain_hash"], result.manifest["depth"]))
     assert depths["a" * 64] == len(dict.fromkeys(s for s in sequences)) > 1000  # distinct rows, query first
     assert depths["b" * 64] == 1  # no hit: the query alone
-    assert set(result.manifest["source"]) == {"search"}
+    assert set(result.manifest["source"]) == {"search"} and set(result.manifest["protocol"]) == {"colabfold"}
+    # searched through an index built once under the cache (the direct search above has none)
+    indexes = sorted(path.name for path in (tmp_path / "staged" / "cache" / "msa").glob("colabfold-index/*/*.idx"))
+    assert indexes == [f"{database.environmental}.idx", f"{database.uniref}.idx"]
 
     again = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
     assert again.searched == 0  # cached by sequence, database and protocol settings
+
+
+def test_gpu_search_flags_padded_layout_and_a_cpu_build(database, tmp_path):
+    """MMseqs2's GPU search as colabfold_search asks for it (--gpu 1, ungapped prefilter, no -s),
+    against a padded database written by the pinned MMseqs2's makepaddedseqdb; the pinned build has
+    no CUDA, so `auto` stays on the CPU and `on` is a one-line error. The GPU itself is untested here."""
+    cpu = colabfold.Runner(tmp_path, colabfold.ColabFoldSettings(sensitivity=7.5)).search_flags()
+    gpu = colabfold.Runner(tmp_path, colabfold.ColabFoldSettings(sensitivity=7.5, gpu=True)).search_flags()
+    assert cpu[-4:] == ["--prefilter-mode", "0", "-s", "7.5"]
+    assert gpu[-4:] == ["--gpu", "1", "--prefilter-mode", "1"] and "-s" not in gpu
+    assert colabfold.ColabFoldSettings(gpu=True).describe() != colabfold.ColabFoldSettings().describe()
+
+    binary = mmseqs_binary()
+    assert not colabfold.cuda_build(binary)
+    assert not colabfold.use_gpu("auto", database) and not colabfold.use_gpu("off", database)
+    with pytest.raises(FoldmillError, match="msa.gpu is on but .* is MMseqs2 without CUDA"):
+        colabfold.use_gpu("on", database)
+    with pytest.raises(FoldmillError, match=r"_db: not laid out for MMseqs2's GPU search \(build it with `mmseqs make"):
+        database.search_target(database.uniref, gpu=True)
+
+    padded = tmp_path / "padded"
+    padded.mkdir()
+    for path in database.root.iterdir():
+        (padded / path.name).symlink_to(path)
+    databases = colabfold.ColabFoldDatabases.find(padded)
+    for name in databases.names():
+        subprocess.run([binary, "makepaddedseqdb", databases.path(name), databases.path(name, "_pad"), "-v", "1"],
+                       check=True, capture_output=True)  # fmt: skip
+    assert databases.padded() and colabfold.is_padded(databases.path(databases.uniref, "_pad"))
+    assert databases.search_target(databases.uniref, gpu=True) == databases.path(databases.uniref, "_pad")
+    assert databases.search_target(databases.uniref) == databases.path(databases.uniref)
+    with pytest.raises(FoldmillError) as error:  # the real GPU search, as far as a CPU build goes
+        colabfold.unpaired_msas([YEAST_PEPTIDE], databases, tmp_path / "run", colabfold.ColabFoldSettings(gpu=True))
+    assert str(error.value).startswith("mmseqs search failed (exit 1): ")
+    assert "compiled without CUDA support" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("on_failure", ["reject", "fallback"])
+def test_an_unusable_database_costs_no_target_and_falls_back_only_if_configured(database, tmp_path, on_failure):
+    """A half-built ColabFold directory or a missing database: one line naming it; the chains are
+    rejected with it, or (msa.on_failure: fallback) single-sequence with it as their note."""
+    half = tmp_path / "half"
+    half.mkdir()
+    for path in database.root.iterdir():
+        if not path.name.startswith(f"{database.uniref}_aln"):
+            (half / path.name).symlink_to(path)
+    chains = tmp_path / "unique_chains.tsv"
+    chains.write_text(f"chain_hash\tentity_type\tmsa\tsequence\n{'a' * 16}\tprotein\t\t{YEAST_PEPTIDE}\n")
+    problems = {
+        half: f"{half / database.uniref}_aln: missing or half-built ColabFold database part",
+        tmp_path / "absent.fasta": f"{tmp_path / 'absent.fasta'}: sequence database cannot be read",
+    }
+    for where, problem in problems.items():
+        config = MSAStagingConfig.from_config({"mode": "search", "database": str(where), "on_failure": on_failure})
+        staged = tmp_path / where.name
+        result = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
+        if on_failure == "reject":
+            assert result.manifest.empty and len(result.rejects) == 1
+            assert result.rejects["problem"].iloc[0].startswith(problem), result.rejects["problem"].iloc[0]
+            assert result.rejects["source"].iloc[0] == str(where)
+        else:
+            assert result.rejects.empty and result.manifest["source"].tolist() == ["fallback"]
+            assert result.manifest["note"].iloc[0].startswith(problem) and result.manifest["depth"].tolist() == [1]
+        assert "\n" not in problem

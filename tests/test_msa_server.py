@@ -306,7 +306,29 @@ def test_staging_in_server_mode_rejects_only_what_the_server_refuses(url, databa
     assert depths == {"a" * 64: len(dict.fromkeys(rows)), "b" * 64: 1}
     assert list(result.rejects["chain_hash"]) == ["c" * 64]
     assert result.rejects["problem"].iloc[0] == f"{url}: ticket/msa refused the query (status ERROR)"
-    assert set(result.manifest["source"]) == {"search"}
+    assert set(result.manifest["source"]) == {"server"} and set(result.manifest["protocol"]) == {"colabfold"}
 
     again = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
     assert again.searched == 1  # only the refused one is asked again; the rest come from the cache
+
+
+@pytest.mark.parametrize("on_failure", ["reject", "fallback"])
+def test_staging_with_an_unreachable_server_loses_no_target(tmp_path, on_failure):
+    """Nothing listens there: one line naming the URL per chain; rejected, or (msa.on_failure:
+    fallback) folded from the sequence alone with that line as the note."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    chains = tmp_path / "unique_chains.tsv"
+    chains.write_text(f"chain_hash\tentity_type\tmsa\tsequence\n{'a' * 16}\tprotein\t\t{NO_HIT}\n")
+    section = {"mode": "server", "server_url": dead, "server_retries": 1, "on_failure": on_failure}
+    staged = tmp_path / "staged"
+    result = stage_msas(chains, staged / "msa_manifest.tsv", MSAStagingConfig.from_config(section),
+                        rejects_path=staged / "msa_rejects.tsv")  # fmt: skip
+    line = f"{dead}/ticket/msa: MSA server unreachable"
+    if on_failure == "reject":
+        assert result.manifest.empty and result.rejects["problem"].iloc[0].startswith(line)
+        assert result.rejects["source"].iloc[0] == dead
+    else:
+        assert result.rejects.empty and result.manifest["source"].tolist() == ["fallback"]
+        assert result.manifest["note"].iloc[0].startswith(line) and "\n" not in result.manifest["note"].iloc[0]

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stage.add_argument("chains", help="unique_chains.tsv written by `foldmill worklist`")
     stage.add_argument("-o", "--outdir", required=True, help="output directory")
-    stage.add_argument("--worklist", help="worklist.tsv, to name the targets of rejected chains")
+    stage.add_argument("--worklist", help="worklist.tsv: pairs complexes and names the targets of rejected chains")
     stage.add_argument("--mode", choices=MODES, default="auto", help="what proteins without an MSA get (default: auto)")
     stage.add_argument("--database", default="", help="FASTA or MMseqs2 database to search")
     stage.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="rows kept per MSA")

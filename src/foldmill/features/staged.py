@@ -5,7 +5,8 @@ Two ways to get it:
   `OUTDIR/staged/msa_manifest.tsv` (chain_hash, given_msa, path, ...), `msa_rejects.tsv` and
   `templates_manifest.tsv` (target_id, chain_id, path, force, threshold, ...). A chain's MSA is the
   one staged for its sequence together with the MSA its own input named (msa.staging.msa_key),
-  never one given with the same sequence by another target;
+  never one given with the same sequence by another target; in a complex whose chains were
+  searched, the MSA staged for the complex (msa.staging.complex_key: paired rows first) if any;
 - `StagedInputs.from_target(target)` for a direct `foldmill fold` on an input file: MSAs are read
   from the paths the target names (A3M / CSV / Stockholm), templates aligned on the spot.
 Chains with neither a staged MSA nor an MSA file are featurized single-sequence.
@@ -26,7 +27,7 @@ from foldmill.errors import InputError
 from foldmill.features.template_features import ChainTemplate
 from foldmill.io.targets import Entity, Target
 from foldmill.msa.parse import read_msa
-from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
+from foldmill.msa.staging import MSAKey, complex_key, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.msa.types import MSA
 from foldmill.templates.types import TemplateAlignment
 
@@ -62,8 +63,17 @@ class StagedInputs:
         keys = {msa_key(entity) for entity in target.entities if entity.is_polymer}
         staged = _keyed(paths.get("msa"), "path")
         rejected = _keyed(paths.get("msa_rejects"), "problem")
-        msa_paths = {key: Path(staged[key]) for key in keys if key in staged}
-        rejects = {key: rejected[key] for key in keys if key in rejected}
+        group = complex_key(target)
+        msa_paths, rejects = {}, {}
+        for key in keys:
+            # the complex's own row (paired rows, or its rejection) before the chain's
+            for lookup in ((*key, group), (*key, "")) if group else ((*key, ""),):
+                if lookup in rejected:
+                    rejects[key] = rejected[lookup]
+                    break
+                if lookup in staged:
+                    msa_paths[key] = Path(staged[lookup])
+                    break
         templates = []
         for row in _rows(paths.get("templates"), target.target_id):
             alignment = TemplateAlignment.load(row["path"])
@@ -103,18 +113,18 @@ def _manifest_paths(source: str | Path | Mapping[str, str | Path]) -> dict[str, 
     return {"msa": folder / MSA_MANIFEST, "msa_rejects": folder / MSA_REJECTS, "templates": folder / TEMPLATES_MANIFEST}
 
 
-def _keyed(path: Path | None, column: str) -> dict[MSAKey, str]:
+def _keyed(path: Path | None, column: str) -> dict[tuple[str, str, str], str]:
     if path is None or not path.is_file():
         return {}
     return _read_keyed(str(path), os.stat(path).st_mtime_ns, column)
 
 
 @functools.lru_cache(maxsize=16)
-def _read_keyed(path: str, _mtime: int, column: str) -> dict[MSAKey, str]:
-    """msa_key -> `column` ("path" of the MSA manifest, "problem" of the MSA rejects); cached per file
-    version (a proteome run featurizes many targets)."""
+def _read_keyed(path: str, _mtime: int, column: str) -> dict[tuple[str, str, str], str]:
+    """(msa_key, complex) -> `column` ("path" of the MSA manifest, "problem" of the MSA rejects); cached
+    per file version (a proteome run featurizes many targets)."""
     table = read_msa_manifest(path) if column == "path" else read_msa_rejects(path)
-    return dict(zip(zip(table["chain_hash"], table["given_msa"]), table[column]))
+    return dict(zip(zip(table["chain_hash"], table["given_msa"], table["complex"]), table[column]))
 
 
 def _rows(path: Path | None, target_id: str) -> list[dict]:

@@ -22,12 +22,16 @@ reads the resulting databases directly instead of unpacking one file per query.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import math
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +75,9 @@ class ColabFoldDatabases:
     root: Path
     uniref: str
     environmental: str | None
+    # an index foldmill built (`with_search_index`): only the prefilter reads it, members and
+    # alignments come from _seq/_aln as colabfold_search reads them from an unindexed database
+    private_index: bool = False
 
     @classmethod
     def find(cls, root: str | Path, use_environmental: bool = True) -> ColabFoldDatabases:
@@ -94,12 +101,33 @@ class ColabFoldDatabases:
     def indexed(self, name: str) -> bool:
         return self.path(name, ".idx.dbtype").is_file() or self.path(name, ".idx.index").is_file()
 
+    def search_target(self, name: str, gpu: bool = False) -> Path:
+        """What `mmseqs search` searches: the cluster database, for the GPU search its padded layout
+        (the database itself when `GPU=1 setup_databases.sh` wrote it padded, else NAME_pad beside
+        it, as `mmseqs makepaddedseqdb NAME NAME_pad` writes it)."""
+        if not gpu or is_padded(self.path(name)):
+            return self.path(name)
+        padded = self.path(name, "_pad")
+        if Path(f"{padded}.dbtype").is_file() and is_padded(padded):
+            return padded
+        raise FoldmillError(
+            f"{self.path(name)}: not laid out for MMseqs2's GPU search (build it with `mmseqs makepaddedseqdb "
+            f"{self.path(name)} {padded}`, or set msa.gpu to off)"
+        )
+
+    def padded(self) -> bool:
+        """Whether every database searched has a GPU (padded) layout."""
+        try:
+            return all(self.search_target(name, gpu=True) is not None for name in self.names())
+        except FoldmillError:
+            return False
+
     def sequences(self, name: str) -> Path:
-        """What expandaln/align/result2msa read members from: the index if built, else `_seq`."""
-        return self.path(name, ".idx" if self.indexed(name) else "_seq")
+        """What expandaln/align/result2msa read members from: the index if setup built one, else `_seq`."""
+        return self.path(name, ".idx" if self.indexed(name) and not self.private_index else "_seq")
 
     def alignments(self, name: str) -> Path:
-        return self.path(name, ".idx" if self.indexed(name) else "_aln")
+        return self.path(name, ".idx" if self.indexed(name) and not self.private_index else "_aln")
 
     def check(self, name: str) -> None:
         """A database laid out by ColabFold's setup: cluster, member and alignment parts of the right types."""
@@ -124,6 +152,70 @@ class ColabFoldDatabases:
             raise FoldmillError(f"{self.path(self.uniref)}: missing taxonomy (_taxonomy or _nodes.dmp) for pairing")
 
 
+INDEX_BASE_BYTES = 1 << 30  # an MMseqs2 index's k-mer table alone is about 0.9 GB
+INDEX_BYTES_PER_BYTE = 12  # and it grows by about this much per byte of indexed sequence data
+
+
+def with_search_index(
+    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float
+) -> ColabFoldDatabases:
+    """The databases, searched through an MMseqs2 index built once under `cache_dir` for each one
+    that has none and whose index would take at most `max_gb` (0 = never build one).
+
+    Without an index every prefilter step (three per database and run) builds the target's k-mer
+    table again; with one it is read. The index gives the same hits, and expandaln, align and
+    result2msa keep reading the database's own _seq/_aln parts, so the MSAs are unchanged. The
+    indexed copy is a directory of links to the database's files plus the index, named after the
+    databases' signatures, so a changed database gets a new one."""
+    missing = [name for name in databases.names() if not databases.indexed(name)]
+    if not missing or max_gb <= 0:
+        return databases
+    estimate = sum(INDEX_BASE_BYTES + INDEX_BYTES_PER_BYTE * databases.path(name).stat().st_size for name in missing)
+    if estimate > max_gb * 1e9:
+        log.info("no private MMseqs2 index of %s: about %.0f GB > msa.index_max_gb", databases.root, estimate / 1e9)
+        return databases
+    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
+    final = Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+    indexed = ColabFoldDatabases(final, databases.uniref, databases.environmental, private_index=True)
+    if all(indexed.indexed(name) for name in databases.names()):
+        return indexed
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(final.parent).free < 2 * estimate:
+        log.info("no private MMseqs2 index of %s: not enough free disk under %s", databases.root, cache_dir)
+        return databases
+    building = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    building.mkdir()
+    try:
+        for path in databases.root.iterdir():
+            if any(path.name.startswith(name) for name in databases.names()):
+                (building / path.name).symlink_to(path.resolve())
+        run = Runner(building, ColabFoldSettings(threads=threads))
+
+        def build(name: str) -> None:
+            log.info("building an MMseqs2 index of %s (once; reused by later runs)", databases.path(name))
+            tmp = building / f"tmp_{name}"
+            run("createindex", building / name, tmp, *run.threads(), "--remove-tmp-files", "1", "-v", "1")
+            shutil.rmtree(tmp, ignore_errors=True)
+
+        # Side by side: writing an index is much of its cost, and one build's writes overlap the other's k-mer counting.
+        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+            for done in [pool.submit(build, name) for name in missing]:
+                done.result()
+        try:
+            building.rename(final)
+        except OSError:  # built concurrently by another run: use theirs
+            if not all(indexed.indexed(name) for name in databases.names()):
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return indexed
+
+
+def _signature(prefix: Path) -> str:
+    stat = prefix.resolve().stat()
+    return f"{prefix.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def is_colabfold_directory(path: str | Path) -> bool:
     """Whether `path` is a directory holding a ColabFold UniRef30 database (the protocol's default)."""
     path = Path(path)
@@ -145,6 +237,58 @@ def database_type(prefix: Path) -> int:
     """An MMseqs2 database's type, without the compression/extension bits."""
     raw = Path(f"{prefix}.dbtype").read_bytes()
     return int.from_bytes(raw[:4], "little") & 0xFFFF
+
+
+GPU_EXTENSION = 8  # MMseqs2's extended database type bit of a padded (GPU) database, stored << 16
+
+
+def is_padded(prefix: Path) -> bool:
+    """Whether an MMseqs2 database has the padded layout its GPU search needs (makepaddedseqdb)."""
+    try:
+        raw = Path(f"{prefix}.dbtype").read_bytes()
+    except OSError:
+        return False
+    return bool((int.from_bytes(raw[:4], "little") >> 16) & GPU_EXTENSION)
+
+
+GPU_MODES = ("auto", "on", "off")
+
+
+def use_gpu(mode: str, databases: ColabFoldDatabases, binary: str | None = None) -> bool:
+    """Whether to run MMseqs2's GPU search (msa.gpu): `on` needs a CUDA build of MMseqs2 and padded
+    databases (a one-line error otherwise); `auto` uses it when both are there and a GPU is visible."""
+    if mode not in GPU_MODES:
+        raise FoldmillError(f"msa.gpu must be one of {', '.join(GPU_MODES)}, not {mode!r}")
+    if mode == "off":
+        return False
+    binary = binary or mmseqs_binary()
+    if mode == "on":
+        if not cuda_build(binary):
+            raise FoldmillError(
+                f"msa.gpu is on but {binary} is MMseqs2 without CUDA (set FOLDMILL_MMSEQS to a GPU build)"
+            )
+        for name in databases.names():
+            databases.search_target(name, gpu=True)
+        return True
+    return cuda_build(binary) and gpu_visible() and databases.padded()
+
+
+@functools.lru_cache(maxsize=8)
+def cuda_build(binary: str) -> bool:
+    """Whether an MMseqs2 binary was built with CUDA: a CPU build carries the message it prints when
+    asked for the GPU (`MMseqs2 was compiled without CUDA support`); a CUDA build does not."""
+    try:
+        with open(binary, "rb") as handle:
+            return b"compiled without CUDA support" not in handle.read()
+    except OSError:
+        return False
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA GPU this process may use (a device node, not hidden by CUDA_VISIBLE_DEVICES)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def read_database(prefix: Path) -> dict[int, str]:
@@ -229,7 +373,8 @@ def unpaired_msas(
     load = ["--db-load-mode", "0"]
 
     uniref = databases.uniref
-    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
+    target = databases.search_target(uniref, settings.gpu)
+    run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
     run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     _expand_realign_filter(run, databases, uniref, w / "qdb", w / "prof_res", w / "res", "uniref", load,
@@ -237,8 +382,8 @@ def unpaired_msas(
     parts = [w / "uniref.a3m"]
     environmental = databases.environmental
     if environmental:
-        run("search", w / "prof_res", databases.path(environmental), w / "res_env", w / "tmp3",
-            *run.threads(), *run.search_flags())  # fmt: skip
+        target = databases.search_target(environmental, settings.gpu)
+        run("search", w / "prof_res", target, w / "res_env", w / "tmp3", *run.threads(), *run.search_flags())
         # ColabFold expands environmental clusters without its cluster filter and realigns with the
         # last iteration's profile.
         env_expand = ["-e", str(math.inf), "--expansion-mode", "0"]
@@ -271,10 +416,16 @@ def _expand_realign_filter(
 
 
 def paired_msas(
-    complexes: Sequence[Sequence[str]], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings
+    complexes: Sequence[Sequence[str]], databases: ColabFoldDatabases, workdir: Path, settings: ColabFoldSettings,
+    searched: tuple[Path, Mapping[str, int]] | None = None,
 ) -> list[list[str]]:
     """Paired A3M of each chain of each complex (its distinct sequences, in order): row i of every
-    chain of a complex comes from one species; a chain without a partner there has a gap row."""
+    chain of a complex comes from one species; a chain without a partner there has a gap row.
+
+    `searched`: the work directory of an unpaired run (`unpaired_msas`) and its query keys by
+    sequence. Its UniRef30 search is the one this pass starts with (same database, same flags, and
+    a query's hits do not depend on the other queries), so when it covers every chain its result
+    and profiles are reused, re-keyed, instead of searched again."""
     if not complexes:
         return []
     databases.check_pairing()
@@ -286,8 +437,15 @@ def paired_msas(
     members, alignments = databases.sequences(uniref), databases.alignments(uniref)
     load = ["--db-load-mode", "0"]
     pairing = ["--pairing-mode", str(settings.pairing_strategy)]
-    run("search", w / "qdb", databases.path(uniref), w / "res", w / "tmp", *run.threads(), *run.search_flags())
-    run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+    chains = [sequence for group in complexes for sequence in group]
+    if searched is not None and all(sequence in searched[1] for sequence in chains):
+        keys = {key: searched[1][sequence] for key, sequence in enumerate(chains)}
+        remap_database(searched[0] / "res", w / "res", keys)
+        remap_database(searched[0] / "prof_res", w / "prof_res", keys)
+    else:
+        target = databases.search_target(uniref, settings.gpu)
+        run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
+        run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     run("expandaln", w / "qdb", members, w / "res", alignments, w / "res_exp", *load, *run.threads(),
         "--expansion-mode", "0", "-e", "inf", "--expand-filter-clusters", "0", "--max-seq-id", "0.95")
@@ -309,6 +467,24 @@ def paired_msas(
     ]
 
 
+def remap_database(source: Path, target: Path, keys: Mapping[int, int]) -> None:
+    """Write MMseqs2 database `target` whose entry k is `source`'s entry keys[k] (byte for byte; one data file)."""
+    data = source.read_bytes()
+    spans = {}
+    for line in Path(f"{source}.index").read_text().splitlines():
+        key, offset, length = (int(field) for field in line.split("\t")[:3])
+        spans[key] = (offset, length)
+    parts, index, offset = [], [], 0
+    for key in sorted(keys):
+        start, length = spans[keys[key]]
+        parts.append(data[start : start + length])
+        index.append(f"{key}\t{offset}\t{length}\n")
+        offset += length
+    target.write_bytes(b"".join(parts))
+    Path(f"{target}.index").write_text("".join(index))
+    shutil.copyfile(f"{source}.dbtype", f"{target}.dbtype")
+
+
 def search(
     sequences: Mapping[str, str],
     complexes: Mapping[str, Sequence[str]],
@@ -321,6 +497,7 @@ def search(
     unpaired = unpaired_msas([sequences[n] for n in names], databases, workdir / "unpaired", settings)
     complex_names = [name for name, chains in complexes.items() if len(dict.fromkeys(chains)) > 1]
     groups = [list(dict.fromkeys(complexes[name])) for name in complex_names]
-    paired = paired_msas(groups, databases, workdir / "paired", settings)
+    searched = {sequence: key for key, sequence in enumerate(sequences[n] for n in names)}
+    paired = paired_msas(groups, databases, workdir / "paired", settings, (workdir / "unpaired", searched))
     shutil.rmtree(workdir / "unpaired" / "tmp", ignore_errors=True)
     return dict(zip(names, unpaired)), dict(zip(complex_names, paired))

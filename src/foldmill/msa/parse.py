@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,12 +177,15 @@ def rows_to_msa(
     """Decode rows into an MSA: row 0 is the first row, at most max_depth rows.
 
     A row repeating an earlier row's sequence (insertions included, gaps ignored) is dropped,
-    as Boltz does; with keep_keyed_duplicates (Boltz CSV) repeats that carry a pairing key stay,
-    since their key says which rows of other chains they pair with.
+    as Boltz does. With keep_keyed_duplicates (Boltz CSV semantics, as Boltz's parse_csv) repeats
+    that carry a pairing key stay, since their key says which rows of other chains they pair
+    with, and the query row keeps its key too (Boltz's paired CSVs key it 0); otherwise the query
+    row has no key (it pairs with every chain's query row anyway).
     """
     residues: list[np.ndarray] = []
     deletions: list[np.ndarray] = []
     keys: list[str] = []
+    fingerprints: list[int] = []
     seen: set[str] = set()
     length = None
     for row in rows:
@@ -190,7 +194,7 @@ def rows_to_msa(
             length = len(row_residues)
             if length == 0:
                 raise InputError(source, row.record, "the query row is empty")
-            key = ""  # the query row pairs with every chain's query row, never by key
+            key = row.key if keep_keyed_duplicates else ""
         elif len(row_residues) != length:
             raise InputError(
                 source, row.record, f"row has {len(row_residues)} aligned columns but the query has {length}"
@@ -204,11 +208,17 @@ def rows_to_msa(
         residues.append(row_residues)
         deletions.append(row_deletions)
         keys.append(key)
+        fingerprints.append(row_fingerprint(sequence))
         if len(residues) >= max_depth:
             break
     if not residues:
         raise InputError(source, None, "the MSA has no sequences")
-    return MSA(np.stack(residues), np.stack(deletions), np.array(keys, dtype=str))
+    return MSA(np.stack(residues), np.stack(deletions), np.array(keys, dtype=str), np.array(fingerprints, np.uint64))
+
+
+def row_fingerprint(sequence: str) -> int:
+    """64-bit digest of a row's duplicate-check text (see rows_to_msa)."""
+    return int.from_bytes(hashlib.blake2b(sequence.encode("ascii", "replace"), digest_size=8).digest(), "little")
 
 
 def drop_duplicate_rows(msa: MSA) -> MSA:
@@ -244,7 +254,7 @@ def fit_to_sequence(msa: MSA, sequence: str, source: str) -> MSA:
         msa = drop_duplicate_rows(msa.select_rows(np.flatnonzero(informative)))
     residues = msa.residues.copy()
     residues[0] = target
-    return MSA(residues, msa.deletions, msa.keys)
+    return MSA(residues, msa.deletions, msa.keys, msa.fingerprints)
 
 
 def _find_window(query: np.ndarray, target: np.ndarray) -> int | None:

@@ -29,7 +29,7 @@ from foldmill.errors import FoldmillError
 from foldmill.io.atomic import owned_files
 from foldmill.io.targets import Target
 from foldmill.io.worklist import read_rejects
-from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects
+from foldmill.msa.staging import complex_key, msa_key, read_msa_manifest, read_msa_rejects
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
 from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint
@@ -52,7 +52,8 @@ SUMMARY_COLUMNS = [
     "chain_lengths",  # "A:120,B:120,C:1" (residues; a ligand counts one)
     "composition",  # "protein:2,ligand:1"
     "msa_depth",  # rows of each protein chain's staged MSA, query included: "A:3712,B:1" (0 = none staged)
-    "msa_source",  # "A:user,B:single_sequence" (user | search | single_sequence | rejected | none)
+    "msa_source",  # "A:user,B:search" (user | search | server | single_sequence | fallback | rejected | none)
+    "msa_protocol",  # "A:colabfold+paired,B:colabfold+paired" (colabfold | simple, +paired: paired rows lead it)
     "min_msa_depth",  # lowest depth over the protein chains (1 = a chain folded from its sequence alone)
     *CONFIDENCE_SCALARS,
     "chains_ptm",  # "A:0.81,B:0.77"
@@ -75,8 +76,8 @@ SUMMARY_COLUMNS = [
 ]
 TEXT_COLUMNS = {
     "target_id", "status", "status_reason", "warnings", "target_type", "chain_lengths", "composition",
-    "msa_depth", "msa_source", "chains_ptm", "best_model", "model", "seed", "replica", "shard", "job_id", "node", "prediction_dir",
-    "source",
+    "msa_depth", "msa_source", "msa_protocol", "chains_ptm", "best_model", "model", "seed", "replica", "shard",
+    "job_id", "node", "prediction_dir", "source",
 }  # fmt: skip
 COUNT_COLUMNS = {"n_chains", "n_residues", "n_tokens", "min_msa_depth", "interface_contacts", "n_models"}
 METRIC_COLUMNS = [*CONFIDENCE_SCALARS, "min_chain_ptm", "min_pair_iptm", "mean_pair_iptm", "interface_pae"]
@@ -129,8 +130,9 @@ class RunRecords:
 class _Staged:
     """RunRecords read: MSA depth/source and rejects by msa_key, template notes by target."""
 
-    msas: dict[MSAKey, tuple[int, str]] | None  # None: no manifest, no MSA columns
-    msa_rejects: dict[MSAKey, str]
+    # None: no manifest, no MSA columns; (msa_key, complex) -> depth, source, protocol, paired rows, note
+    msas: dict[tuple[str, str, str], tuple[int, str, str, int, str]] | None
+    msa_rejects: dict[tuple[str, str, str], str]
     template_notes: dict[str, list[str]]
     jobs: dict[str, dict[str, str]]  # target_id -> shard, job_id, node
 
@@ -139,13 +141,14 @@ class _Staged:
         msas = None
         if records.msa_manifest is not None:
             table = read_msa_manifest(records.msa_manifest)
-            keys = zip(table["chain_hash"], table["given_msa"])
-            msas = dict(zip(keys, zip(table["depth"].astype(int), table["source"])))
+            keys = zip(table["chain_hash"], table["given_msa"], table["complex"])
+            values = zip(table["depth"], table["source"], table["protocol"], table["paired_rows"], table["note"])
+            msas = dict(zip(keys, values))
         msa_rejects = {}
         if records.msa_rejects is not None:
             table = read_msa_rejects(records.msa_rejects)
             for row in table.itertuples(index=False):
-                msa_rejects[(row.chain_hash, row.given_msa)] = f"{row.source}: {row.problem}"
+                msa_rejects[(row.chain_hash, row.given_msa, row.complex)] = f"{row.source}: {row.problem}"
         notes: dict[str, list[str]] = {}
         if records.template_rejects is not None:
             for row in read_template_rejects(records.template_rejects).itertuples(index=False):
@@ -188,6 +191,9 @@ def summary_notes(table: pd.DataFrame) -> tuple[str, list[str]]:
     demo = int(table["model"].map(is_demo_checkpoint).sum())
     if demo:
         warnings.append(f"{demo} target(s) folded by the {DEMO_WARNING}")
+    fallen = int(table["warnings"].str.contains("MSA fallback", regex=False).sum())
+    if fallen:
+        warnings.append(f"{fallen} target(s) folded with fallback MSAs (msa.on_failure; see the warnings column)")
     templates = int(table["warnings"].str.contains("templates not used", regex=False).sum())
     if templates:
         warnings.append(f"{templates} target(s) folded without some of their templates (see the warnings column)")
@@ -223,11 +229,11 @@ def _summary_row(worklist_row: dict[str, str], fold_row: dict | None, staged: _S
         "source": worklist_row["source"],
         **_msa_columns(target, staged),
     }
-    msa_problems = [
-        f"MSA of chain {entity.chain_ids[0]} rejected: {staged.msa_rejects[msa_key(entity)]}"
-        for entity in target.entities
-        if entity.entity_type == "protein" and msa_key(entity) in staged.msa_rejects
-    ]
+    msa_problems = []
+    for entity in target.entities:
+        outcome, problem = _chain_msa(target, entity, staged) if entity.entity_type == "protein" else ("", None)
+        if outcome == "rejected":
+            msa_problems.append(f"MSA of chain {entity.chain_ids[0]} rejected: {problem}")
     if fold_row is None:
         row.update(status="missing", status_reason="not in any fold table")
     else:
@@ -246,30 +252,59 @@ def _summary_row(worklist_row: dict[str, str], fold_row: dict | None, staged: _S
             row.update(prediction_metrics(Path(fold_row["prediction_dir"]), target.target_id))
         except FoldmillError as error:
             row.update(status="failed", status_reason=str(error))
-    warnings = list(staged.template_notes.get(target.target_id, []))
+    warnings = _fallback_notes(target, staged) + staged.template_notes.get(target.target_id, [])
     if row["status"] == "ok" and is_demo_checkpoint(row.get("model", "")):
         warnings.insert(0, DEMO_WARNING)
     row["warnings"] = "; ".join(warnings)
     return row
 
 
+def _chain_msa(target: Target, entity, staged: _Staged) -> tuple[str, object]:
+    """A protein entity's staging outcome, looked up as the featurizer does (the target's complex
+    row first, then the chain's own): ("rejected", problem), ("staged", (depth, source, protocol,
+    paired rows, note)) or ("none", None)."""
+    group, key = complex_key(target), msa_key(entity)
+    for lookup in ((*key, group), (*key, "")) if group else ((*key, ""),):
+        if lookup in staged.msa_rejects:
+            return "rejected", staged.msa_rejects[lookup]
+        if staged.msas is not None and lookup in staged.msas:
+            return "staged", staged.msas[lookup]
+    return "none", None
+
+
 def _msa_columns(target: Target, staged: _Staged) -> dict[str, object]:
-    """msa_depth, msa_source and min_msa_depth of the target's protein chains (empty without a manifest)."""
+    """msa_depth, msa_source, msa_protocol and min_msa_depth of the target's protein chains (empty
+    without a manifest)."""
     if staged.msas is None:
         return {}
-    depths, sources = {}, {}
+    depths, sources, protocols = {}, {}, {}
     for entity in target.entities:
         if entity.entity_type != "protein":
             continue
-        key = msa_key(entity)
-        depth, source = staged.msas.get(key, (0, "rejected" if key in staged.msa_rejects else "none"))
+        outcome, found = _chain_msa(target, entity, staged)
+        depth, source, protocol, paired, _ = found if outcome == "staged" else (0, outcome, "", 0, "")
         for chain_id in entity.chain_ids:
-            depths[chain_id], sources[chain_id] = depth, source
+            depths[chain_id], sources[chain_id] = int(depth), source
+            protocols[chain_id] = protocol + ("+paired" if int(paired) else "")
     return {
         "msa_depth": ",".join(f"{chain}:{depth}" for chain, depth in depths.items()),
         "msa_source": ",".join(f"{chain}:{source}" for chain, source in sources.items()),
+        "msa_protocol": ",".join(f"{chain}:{protocol}" for chain, protocol in protocols.items() if protocol),
         "min_msa_depth": min(depths.values()) if depths else np.nan,
     }
+
+
+def _fallback_notes(target: Target, staged: _Staged) -> list[str]:
+    """A note per protein chain whose MSA fell back (msa.on_failure: fallback), with the reason."""
+    if staged.msas is None:
+        return []
+    notes = []
+    for entity in target.entities:
+        outcome, found = _chain_msa(target, entity, staged) if entity.entity_type == "protein" else ("", None)
+        if outcome == "staged" and found[1] == "fallback":
+            what = "unpaired MSA" if found[4].startswith("unpaired only") else "single-sequence MSA"
+            notes.append(f"chain {entity.chain_ids[0]}: {what} fallback ({found[4]})")
+    return notes
 
 
 def prediction_metrics(directory: Path, target_id: str) -> dict[str, object]:

@@ -6,7 +6,9 @@ import importlib.metadata
 import shutil
 import subprocess
 
+from foldmill.errors import FoldmillError
 from foldmill.msa import mmseqs
+from foldmill.msa.colabfold import cuda_build
 
 
 def _version(package: str) -> str | None:
@@ -49,4 +51,16 @@ def environment_report() -> list[tuple[str, str]]:
     rows.append(("snakemake", _version("snakemake") or "not installed"))
     rows.append(("slurm", _command_version(["sinfo", "--version"]) or "not found"))
     rows.append(("mmseqs", mmseqs.mmseqs_version()))
+    rows.append(("mmseqs gpu search", _mmseqs_gpu()))
     return rows
+
+
+def _mmseqs_gpu() -> str:
+    """Whether the MMseqs2 binary can run the GPU search (msa.gpu)."""
+    try:
+        binary = mmseqs.mmseqs_binary()
+    except FoldmillError:
+        return "no mmseqs"
+    if cuda_build(binary):
+        return "CUDA build (msa.gpu auto uses it with padded databases)"
+    return "CPU build (no GPU search)"
