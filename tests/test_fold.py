@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from Bio import SeqIO
 
+from foldmill.cli import main as cli_main
 from foldmill.executor.records import journal_path
 from foldmill.io.worklist import build_worklist, write_worklist
 from foldmill.outputs.summary import read_fold_table
@@ -40,6 +43,15 @@ CI_CONFIG = {
 
 def foldmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*FOLDMILL, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def foldmill_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`foldmill` run in this process, for refusals that stop before any work: a process start-up (torch,
+    Ray and the plotting imports) costs seconds each; an uncaught error would still fail the test."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli_main(list(args))
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 def done_dirs(outdir: Path) -> dict[str, tuple[int, int]]:
@@ -89,18 +101,18 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
 
 
 def test_fold_errors_are_one_line(tmp_path: Path) -> None:
-    missing = foldmill("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"), "--model", "demo")
+    missing = foldmill_here("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"), "--model", "demo")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith("foldmill: error:") and "nothing.yaml" in missing.stderr
     bad = tmp_path / "bad.fasta"
     bad.write_text(">bad\nMK2\n")
-    checkpoint = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--skip-bad", "--model", str(tmp_path / "no.ckpt"))
+    checkpoint = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), "--skip-bad", "--model", str(tmp_path / "no.ckpt"))
     assert checkpoint.returncode == 2 and "no.ckpt: checkpoint not found" in checkpoint.stderr
     config = tmp_path / "c.yaml"
     config.write_text("executor: {queue_dept: 3}\n")
-    typo = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
+    typo = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
     assert typo.returncode == 2 and "unknown key 'queue_dept' (in executor; did you mean 'queue_depth'?)" in typo.stderr
-    no_model = foldmill("fold", str(bad), "-o", str(tmp_path / "out"))
+    no_model = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"))
     assert no_model.returncode == 2 and "no model: give --model CHECKPOINT (boltz2_conf.ckpt)" in no_model.stderr
 
 
