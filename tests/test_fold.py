@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+import torch
 import yaml
 from Bio import SeqIO
 
@@ -69,10 +70,12 @@ def assert_no_visible_partial_output(outdir: Path) -> None:
 
 
 def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: Path) -> None:
-    """`foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
+    """`foldmill fold` on a Boltz example YAML with the demo model writes a structure. Without a GPU it
+    runs with --device auto, which folds on the CPU and says so once."""
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
-    args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]
+    device = "cpu" if torch.cuda.is_available() else "auto"
+    args = [str(example), "-o", str(tmp_path), "--device", device, "--recycling-steps", "0", "--sampling-steps", "2"]
     unnamed = foldmill("fold", *args)
     assert unnamed.returncode == 2 and unnamed.stderr.strip().splitlines() == [
         "foldmill: error: no model: give --model CHECKPOINT (boltz2_conf.ckpt), or --model demo for random weights"
@@ -84,6 +87,13 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
     assert len(announced) == 1 and "structures are not predictions" in announced[0]
     assert done.stderr.index("model: DEMO") < done.stderr.index("starting a local Ray")
     assert "ok 1 (0 from earlier runs), failed 0, rejected 0" in done.stderr
+    assert "model demo (random weights, not real structures), device cpu; recipe 0 recycling steps, " \
+           "2 sampling steps, 1 sample(s), seed 0" in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "model.device is auto" in line]
+    if device == "auto":
+        assert len(warnings) == 1 and warnings[0].endswith("folding on CPU (slow; set model.device: cpu)")
+    else:
+        assert warnings == []
     structure = gemmi.read_structure(str(tmp_path / "predictions/prot/prot_model_0.cif"))
     chain = structure[0]["A"]
     assert gemmi.one_letter_code([residue.name for residue in chain]) == sequence
