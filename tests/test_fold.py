@@ -116,7 +116,8 @@ def test_fold_errors_are_one_line(tmp_path: Path) -> None:
     assert missing.stderr.strip().splitlines()[-1].startswith("foldmill: error:") and "nothing.yaml" in missing.stderr
     bad = tmp_path / "bad.fasta"
     bad.write_text(">bad\nMK2\n")
-    checkpoint = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), "--skip-bad", "--model", str(tmp_path / "no.ckpt"))
+    no_checkpoint = ["--skip-bad", "--model", str(tmp_path / "no.ckpt")]
+    checkpoint = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), *no_checkpoint)
     assert checkpoint.returncode == 2 and "no.ckpt: checkpoint not found" in checkpoint.stderr
     config = tmp_path / "c.yaml"
     config.write_text("executor: {queue_dept: 3}\n")
