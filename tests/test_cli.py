@@ -75,15 +75,20 @@ def test_subcommand_with_missing_dependency_says_so(tmp_path, monkeypatch) -> No
         args.handler(args)
 
 
-def test_bench_checkpoint_that_is_not_weights_is_one_line(tmp_path) -> None:
+def test_bench_checkpoint_that_is_not_weights_is_one_line(tmp_path, capsys) -> None:
+    from foldmill.cli import main
+
     junk = tmp_path / "weights.ckpt"
     junk.write_text("not weights")
-    done = run_foldmill("bench", "forward", "--device", "cpu", "--checkpoint", str(junk), "--out", str(tmp_path / "o"))
-    assert done.returncode == 2
-    assert done.stderr.startswith(f"foldmill: error: {junk}: ") and done.stderr.count("\n") == 1, done.stderr
+    assert main(["bench", "forward", "--device", "cpu", "--checkpoint", str(junk), "--out", str(tmp_path / "o")]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith(f"foldmill: error: {junk}: ") and stderr.count("\n") == 1, stderr
 
 
-def test_bench_throughput_side_without_oss_is_one_line(tmp_path) -> None:
-    done = run_foldmill("bench", "throughput", "--device", "cpu", "--side", "oss", "--targets", "2", "--out", str(tmp_path))
-    assert done.returncode == 2
-    assert done.stderr == "foldmill: error: --side splits the comparison with OSS: it needs --oss\n", done.stderr
+def test_bench_throughput_side_without_oss_is_one_line(tmp_path, capsys) -> None:
+    from foldmill.cli import main
+
+    args = ["bench", "throughput", "--device", "cpu", "--side", "oss", "--targets", "2", "--out", str(tmp_path)]
+    assert main(args) == 2
+    stderr = capsys.readouterr().err
+    assert stderr == "foldmill: error: --side splits the comparison with OSS: it needs --oss\n", stderr
