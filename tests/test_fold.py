@@ -218,17 +218,37 @@ def wait_until_gone(processes: list[psutil.Process], timeout: float = 30) -> lis
         time.sleep(0.1)
 
 
+def workflow_command(out: Path, inputs: Path, config: Path) -> list[str]:
+    """The workflow up to OUTDIR/summary.tsv, with `config` written for `out` and `inputs`."""
+    config.write_text(yaml.safe_dump({"outdir": str(out), "inputs": [str(inputs)], **CI_CONFIG}))
+    return [sys.executable, "-m", "snakemake", str(out / "summary.tsv"), "--cores", "2", "--configfile", str(config)]
+
+
+@pytest.fixture(scope="module")
+def staged_run(tmp_path_factory: pytest.TempPathFactory, repo: Path, data_dir: Path) -> tuple[Path, Path, list[str]]:
+    """(outdir, input FASTA, target ids) of a workflow run stopped before its fold: worklist, shards, staged
+    MSAs and templates. Each interrupt case folds a copy of it; the jobs before the fold (a process each)
+    would be the same in every case. (A copy's MSA manifest names this run's MSA cache, which stays.)"""
+    root = tmp_path_factory.mktemp("staged_run")
+    ids = small_yeast_fasta(data_dir, root / "small.fasta")
+    out = root / "out"
+    command = [*workflow_command(out, root / "small.fasta", root / "run.yaml"), "--omit-from", "fold"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "staged/msa_manifest.tsv").is_file() and not (out / "predictions").exists()
+    return out, root / "small.fasta", ids
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-snakemake", "sigint-to-snakemake"])
 def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
-    how: str, repo: Path, data_dir: Path, tmp_path: Path
+    how: str, repo: Path, staged_run: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
     """Ctrl-C (SIGINT to the process group) or a signal to Snakemake alone stops the fold job and its Ray
     processes with one line, no traceback; the rerun folds only the targets not finished before."""
+    staged, inputs, ids = staged_run
     out = tmp_path / "out"
-    ids = small_yeast_fasta(data_dir, tmp_path / "small.fasta")
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"outdir": str(out), "inputs": [str(tmp_path / "small.fasta")], **CI_CONFIG}))
-    command = [sys.executable, "-m", "snakemake", str(out / "summary.tsv"), "--cores", "2", "--configfile", str(config)]
+    shutil.copytree(staged, out, symlinks=True)  # times kept: the staged outputs stay up to date
+    command = workflow_command(out, inputs, tmp_path / "run.yaml")
     stderr = (tmp_path / "stderr.txt").open("w+")
     run = subprocess.Popen(command, cwd=repo, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:
