@@ -263,13 +263,15 @@ def test_oversize_target_is_rejected_at_the_worklist_with_its_reason(tmp_path):
     assert rejects[["record", "problem"]].values.tolist() == [["line 3 (large)", "80 tokens > max_tokens 60"]]
 
 
-def test_worklist_command_rejects_past_the_default_limit(tmp_path):
+def test_worklist_command_rejects_past_the_default_limit(tmp_path, capsys):
+    from foldmill.cli import main
+
     proteins = tmp_path / "proteins.fasta"
     proteins.write_text(">fits\n" + "A" * 6000 + "\n>too_big\n" + "A" * 6001 + "\n")
-    command = [sys.executable, "-m", "foldmill", "worklist", str(proteins), "-o", str(tmp_path / "wl"), "--skip-bad"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "1 targets (6000 tokens), 1 rejected" in done.stdout
+    code = main(["worklist", str(proteins), "-o", str(tmp_path / "wl"), "--skip-bad"])  # in-process: no start-up
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "1 targets (6000 tokens), 1 rejected" in printed.out
     rejects = pd.read_csv(tmp_path / "wl/rejects.tsv", sep="\t")
     assert rejects["problem"].tolist() == ["6001 tokens > max_tokens 6000"]
 
