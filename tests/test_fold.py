@@ -46,12 +46,12 @@ def foldmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run([*FOLDMILL, *args], capture_output=True, text=True, cwd=cwd)
 
 
-def foldmill_here(*args: str) -> subprocess.CompletedProcess[str]:
-    """`foldmill` run in this process, for refusals that stop before any work: a process start-up (torch,
-    Ray and the plotting imports) costs seconds each; an uncaught error would still fail the test."""
+def foldmill_here(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`foldmill` run in this process, for commands that start no Ray: a process start-up (torch, Ray and
+    the plotting imports) costs seconds each; an uncaught error would still fail the test."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli_main(list(args))
+        code = cli_main([str(arg) for arg in args])
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 

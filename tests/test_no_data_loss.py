@@ -5,12 +5,9 @@ whole workflow (demo model, CI recipe; conftest's `workflow_run`) is the run dir
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import os
 import shutil
 import stat
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -18,19 +15,11 @@ import pandas as pd
 import pytest
 
 from demo_workflow import BAD, GOOD, WorkflowRun, fasta, snakemake, write_config
-from foldmill.cli import main as cli_main
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import foreign_files, owned_files, read_ledger, write_text_atomic
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import FilterConfig, read_filter_result
-
-
-def _foldmill(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """The `foldmill` command, run in this process (its start-up is slow on a loaded machine)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli_main([str(arg) for arg in args])
-    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+from test_fold import foldmill_here as _foldmill
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int]]:
