@@ -46,3 +46,12 @@ def database(tmp_path_factory: pytest.TempPathFactory):
 
     root = colabfold_db.build_test_databases(mmseqs_binary(), tmp_path_factory.mktemp("colabfold"))
     return colabfold.ColabFoldDatabases.find(root)
+
+
+@pytest.fixture(scope="session")
+def workflow_run(tmp_path_factory: pytest.TempPathFactory):
+    """A finished real Snakemake run of the whole workflow, shared by the modules that read one
+    (tests/demo_workflow.py says what it folds)."""
+    import demo_workflow
+
+    return demo_workflow.run_workflow(tmp_path_factory.mktemp("workflow_run"), DATA)

@@ -154,6 +154,7 @@ def test_command_line_values_take_the_schema_types(tmp_path):
 
 
 # --- device auto ----------------------------------------------------------------------------------
+# (A whole fold with --device auto on a machine without a GPU: tests/test_fold.py's Boltz YAML example.)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto means cuda where a GPU is visible")
@@ -164,19 +165,6 @@ def test_device_auto_is_cpu_with_one_warning_without_a_gpu(caplog):
     assert settings.device == "cpu"
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert warnings == ["model.device is auto and no CUDA GPU is visible: folding on CPU (slow; set model.device: cpu)"]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="auto means cuda where a GPU is visible")
-def test_fold_with_device_auto_folds_on_cpu_and_says_so_once(data_dir, tmp_path):
-    command = [sys.executable, "-m", "foldmill", "fold", str(data_dir / "boltz_inputs/prot.yaml"), "-o", str(tmp_path),
-               "--model", "demo", "--recycling-steps", "0", "--sampling-steps", "2"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stderr.splitlines() if "model.device is auto" in line]
-    assert len(warnings) == 1 and warnings[0].endswith("folding on CPU (slow; set model.device: cpu)")
-    assert "ok 1 (0 from earlier runs)" in done.stderr
-    assert "model demo (random weights, not real structures), device cpu; recipe 0 recycling steps, " \
-           "2 sampling steps, 1 sample(s), seed 0" in done.stderr
 
 
 # --- one source of defaults -----------------------------------------------------------------------
@@ -275,13 +263,15 @@ def test_oversize_target_is_rejected_at_the_worklist_with_its_reason(tmp_path):
     assert rejects[["record", "problem"]].values.tolist() == [["line 3 (large)", "80 tokens > max_tokens 60"]]
 
 
-def test_worklist_command_rejects_past_the_default_limit(tmp_path):
+def test_worklist_command_rejects_past_the_default_limit(tmp_path, capsys):
+    from foldmill.cli import main
+
     proteins = tmp_path / "proteins.fasta"
     proteins.write_text(">fits\n" + "A" * 6000 + "\n>too_big\n" + "A" * 6001 + "\n")
-    command = [sys.executable, "-m", "foldmill", "worklist", str(proteins), "-o", str(tmp_path / "wl"), "--skip-bad"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "1 targets (6000 tokens), 1 rejected" in done.stdout
+    code = main(["worklist", str(proteins), "-o", str(tmp_path / "wl"), "--skip-bad"])  # in-process: no start-up
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "1 targets (6000 tokens), 1 rejected" in printed.out
     rejects = pd.read_csv(tmp_path / "wl/rejects.tsv", sep="\t")
     assert rejects["problem"].tolist() == ["6001 tokens > max_tokens 6000"]
 

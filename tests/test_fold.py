@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -17,9 +19,11 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+import torch
 import yaml
 from Bio import SeqIO
 
+from foldmill.cli import main as cli_main
 from foldmill.executor.records import journal_path
 from foldmill.io.worklist import build_worklist, write_worklist
 from foldmill.outputs.summary import read_fold_table
@@ -42,6 +46,15 @@ def foldmill(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run([*FOLDMILL, *args], capture_output=True, text=True, cwd=cwd)
 
 
+def foldmill_here(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`foldmill` run in this process, for commands that start no Ray: a process start-up (torch, Ray and
+    the plotting imports) costs seconds each; an uncaught error would still fail the test."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli_main([str(arg) for arg in args])
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+
+
 def done_dirs(outdir: Path) -> dict[str, tuple[int, int]]:
     """Finished target directories -> (inode, mtime) of their done marker."""
     found = {}
@@ -57,10 +70,12 @@ def assert_no_visible_partial_output(outdir: Path) -> None:
 
 
 def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: Path) -> None:
-    """`foldmill fold` on a Boltz example YAML with the demo model writes a structure."""
+    """`foldmill fold` on a Boltz example YAML with the demo model writes a structure. Without a GPU it
+    runs with --device auto, which folds on the CPU and says so once."""
     example = data_dir / "boltz_inputs/prot.yaml"
     sequence = yaml.safe_load(example.read_text())["sequences"][0]["protein"]["sequence"]
-    args = [str(example), "-o", str(tmp_path), "--device", "cpu", "--recycling-steps", "0", "--sampling-steps", "2"]
+    device = "cpu" if torch.cuda.is_available() else "auto"
+    args = [str(example), "-o", str(tmp_path), "--device", device, "--recycling-steps", "0", "--sampling-steps", "2"]
     unnamed = foldmill("fold", *args)
     assert unnamed.returncode == 2 and unnamed.stderr.strip().splitlines() == [
         "foldmill: error: no model: give --model CHECKPOINT (boltz2_conf.ckpt), or --model demo for random weights"
@@ -72,6 +87,13 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
     assert len(announced) == 1 and "structures are not predictions" in announced[0]
     assert done.stderr.index("model: DEMO") < done.stderr.index("starting a local Ray")
     assert "ok 1 (0 from earlier runs), failed 0, rejected 0" in done.stderr
+    assert "model demo (random weights, not real structures), device cpu; recipe 0 recycling steps, " \
+           "2 sampling steps, 1 sample(s), seed 0" in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "model.device is auto" in line]
+    if device == "auto":
+        assert len(warnings) == 1 and warnings[0].endswith("folding on CPU (slow; set model.device: cpu)")
+    else:
+        assert warnings == []
     structure = gemmi.read_structure(str(tmp_path / "predictions/prot/prot_model_0.cif"))
     chain = structure[0]["A"]
     assert gemmi.one_letter_code([residue.name for residue in chain]) == sequence
@@ -89,18 +111,19 @@ def test_fold_boltz_example_yaml_with_the_demo_model(data_dir: Path, tmp_path: P
 
 
 def test_fold_errors_are_one_line(tmp_path: Path) -> None:
-    missing = foldmill("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"), "--model", "demo")
+    missing = foldmill_here("fold", str(tmp_path / "nothing.yaml"), "-o", str(tmp_path / "out"), "--model", "demo")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines()[-1].startswith("foldmill: error:") and "nothing.yaml" in missing.stderr
     bad = tmp_path / "bad.fasta"
     bad.write_text(">bad\nMK2\n")
-    checkpoint = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--skip-bad", "--model", str(tmp_path / "no.ckpt"))
+    no_checkpoint = ["--skip-bad", "--model", str(tmp_path / "no.ckpt")]
+    checkpoint = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), *no_checkpoint)
     assert checkpoint.returncode == 2 and "no.ckpt: checkpoint not found" in checkpoint.stderr
     config = tmp_path / "c.yaml"
     config.write_text("executor: {queue_dept: 3}\n")
-    typo = foldmill("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
+    typo = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"), "--config", str(config))
     assert typo.returncode == 2 and "unknown key 'queue_dept' (in executor; did you mean 'queue_depth'?)" in typo.stderr
-    no_model = foldmill("fold", str(bad), "-o", str(tmp_path / "out"))
+    no_model = foldmill_here("fold", str(bad), "-o", str(tmp_path / "out"))
     assert no_model.returncode == 2 and "no model: give --model CHECKPOINT (boltz2_conf.ckpt)" in no_model.stderr
 
 
@@ -195,17 +218,37 @@ def wait_until_gone(processes: list[psutil.Process], timeout: float = 30) -> lis
         time.sleep(0.1)
 
 
+def workflow_command(out: Path, inputs: Path, config: Path) -> list[str]:
+    """The workflow up to OUTDIR/summary.tsv, with `config` written for `out` and `inputs`."""
+    config.write_text(yaml.safe_dump({"outdir": str(out), "inputs": [str(inputs)], **CI_CONFIG}))
+    return [sys.executable, "-m", "snakemake", str(out / "summary.tsv"), "--cores", "2", "--configfile", str(config)]
+
+
+@pytest.fixture(scope="module")
+def staged_run(tmp_path_factory: pytest.TempPathFactory, repo: Path, data_dir: Path) -> tuple[Path, Path, list[str]]:
+    """(outdir, input FASTA, target ids) of a workflow run stopped before its fold: worklist, shards, staged
+    MSAs and templates. Each interrupt case folds a copy of it; the jobs before the fold (a process each)
+    would be the same in every case. (A copy's MSA manifest names this run's MSA cache, which stays.)"""
+    root = tmp_path_factory.mktemp("staged_run")
+    ids = small_yeast_fasta(data_dir, root / "small.fasta")
+    out = root / "out"
+    command = [*workflow_command(out, root / "small.fasta", root / "run.yaml"), "--omit-from", "fold"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "staged/msa_manifest.tsv").is_file() and not (out / "predictions").exists()
+    return out, root / "small.fasta", ids
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-snakemake", "sigint-to-snakemake"])
 def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
-    how: str, repo: Path, data_dir: Path, tmp_path: Path
+    how: str, repo: Path, staged_run: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
     """Ctrl-C (SIGINT to the process group) or a signal to Snakemake alone stops the fold job and its Ray
     processes with one line, no traceback; the rerun folds only the targets not finished before."""
+    staged, inputs, ids = staged_run
     out = tmp_path / "out"
-    ids = small_yeast_fasta(data_dir, tmp_path / "small.fasta")
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"outdir": str(out), "inputs": [str(tmp_path / "small.fasta")], **CI_CONFIG}))
-    command = [sys.executable, "-m", "snakemake", str(out / "summary.tsv"), "--cores", "2", "--configfile", str(config)]
+    shutil.copytree(staged, out, symlinks=True)  # times kept: the staged outputs stay up to date
+    command = workflow_command(out, inputs, tmp_path / "run.yaml")
     stderr = (tmp_path / "stderr.txt").open("w+")
     run = subprocess.Popen(command, cwd=repo, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:

@@ -1,62 +1,25 @@
 """Nothing lost: output commands write only their own files, an empty worklist stops the run before
 staging, the run builds report.html, and every output honours the umask. A real Snakemake run of the
-whole workflow (demo model, CI recipe) on two proteins and one bad record is the run directory."""
+whole workflow (demo model, CI recipe; conftest's `workflow_run`) is the run directory."""
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from foldmill.cli import main as cli_main
+from demo_workflow import BAD, GOOD, WorkflowRun, fasta, snakemake, write_config
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import foreign_files, owned_files, read_ledger, write_text_atomic
 from foldmill.outputs.export import ExportOptions, export_passing
 from foldmill.outputs.filters import FilterConfig, read_filter_result
-from test_fold import CI_CONFIG
-
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-GOOD = {"prot1": "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "prot2": "GSHMLEDPVDAFQNLYIQWLKDGGPSSGRPPPS"}
-BAD = {"bad1": "MK2LLV", "bad2": "MXJ9"}
-
-
-def _fasta(path: Path, records: dict[str, str]) -> Path:
-    path.write_text("".join(f">{name}\n{sequence}\n" for name, sequence in records.items()))
-    return path
-
-
-def _config(root: Path, name: str, inputs: list[Path], outdir: Path, **extra) -> Path:
-    config = {"outdir": str(outdir), "inputs": [str(p) for p in inputs], **CI_CONFIG, "moe": {"enabled": False}}
-    config["export"] = {"tar_gz": True}
-    config.update(extra)
-    path = root / name
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _snakemake(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [*SNAKEMAKE, "--cores", "2", "--configfile", str(config), *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, umask=0o022, timeout=600)
-
-
-def _foldmill(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """The `foldmill` command, run in this process (its start-up is slow on a loaded machine)."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli_main([str(arg) for arg in args])
-    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+from test_fold import foldmill_here as _foldmill
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -68,13 +31,9 @@ def _listing(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> tuple[Path, Path]:
-    """(root, outdir) of a finished workflow run: two folded proteins, one rejected record."""
-    root = tmp_path_factory.mktemp("demo_run")
-    inputs = _fasta(root / "proteins.fasta", {**GOOD, "bad1": BAD["bad1"]})
-    done = _snakemake(_config(root, "run.yaml", [inputs], root / "out"))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return root, root / "out"
+def demo_run(workflow_run: WorkflowRun) -> tuple[Path, Path]:
+    """(root, outdir) of the finished workflow run."""
+    return workflow_run.root, workflow_run.out
 
 
 def _copy_run(demo_run: tuple[Path, Path], destination: Path) -> Path:
@@ -240,10 +199,11 @@ def test_filter_without_config_applies_the_workflows_thresholds(demo_run, tmp_pa
     decisions = {name: dict(zip(t["target_id"], zip(t["passed"], t["reason"]))) for name, t in
                  (("cli", cli), ("workflow", workflow))}  # fmt: skip
     assert decisions["cli"] == decisions["workflow"]
-    # Both proteins folded; the demo weights give them a pTM far below the default 0.5, so the
-    # default thresholds fail them (with no thresholds they would pass).
-    assert set(workflow.loc[workflow["status"] == "ok", "target_id"]) == set(GOOD)
-    assert all(not decisions["workflow"][t][0] and "pTM" in decisions["workflow"][t][1] for t in GOOD)
+    # Both proteins folded, and the sheet's four usable targets; the demo weights give them a pTM far below
+    # the default 0.5, so the default thresholds fail them (with no thresholds they would pass).
+    folded = set(GOOD) | {"hb_user", "hb_plain", "bad_plain", "template_bad"}
+    assert set(workflow.loc[workflow["status"] == "ok", "target_id"]) == folded
+    assert all(not decisions["workflow"][t][0] and "pTM" in decisions["workflow"][t][1] for t in folded)
 
 
 # --- no target left ----------------------------------------------------------------------------
@@ -254,8 +214,8 @@ def test_filter_without_config_applies_the_workflows_thresholds(demo_run, tmp_pa
 def test_no_target_left_stops_before_staging_and_keeps_earlier_outputs(demo_run, tmp_path, records, rejected):
     out = _copy_run(demo_run, tmp_path / "out")
     kept = {k: v for k, v in _listing(out).items() if not k.startswith(("worklist", "logs"))}
-    inputs = _fasta(tmp_path / "input.fasta", records)
-    done = _snakemake(_config(tmp_path, "rerun.yaml", [inputs], out))
+    inputs = fasta(tmp_path / "input.fasta", records)
+    done = snakemake(write_config(tmp_path, "rerun.yaml", [inputs], out))
     assert done.returncode != 0
     console = (done.stdout + done.stderr).splitlines()
     expected = f"foldmill: error: no target left to fold: {rejected} rejected, see {out}/worklist/rejects.tsv"
@@ -267,14 +227,14 @@ def test_no_target_left_stops_before_staging_and_keeps_earlier_outputs(demo_run,
 
 
 @pytest.mark.slow
-def test_the_export_rule_refuses_a_folder_holding_foreign_files(demo_run, tmp_path):
+def test_the_export_rule_refuses_a_folder_holding_foreign_files(workflow_run, demo_run, tmp_path):
     out = _copy_run(demo_run, tmp_path / "out")
     (out / "export" / "my_notes.txt").write_text("mine\n")
     before = _listing(out / "export")
-    inputs = sorted(demo_run[0].glob("proteins.fasta"))
     # A copied run has no Snakemake records of its params: the new thresholds' rerun is asked for.
     looser = {"monomer": {"min_plddt": 1, "min_ptm": 0.01}}
-    done = _snakemake(_config(tmp_path, "rerun.yaml", inputs, out, filters=looser), "--forcerun", "filter")
+    config = write_config(tmp_path, "rerun.yaml", workflow_run.inputs, out, filters=looser)
+    done = snakemake(config, "--forcerun", "filter")
     assert done.returncode != 0
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "did not write" in line]
     assert lines == [

@@ -1,75 +1,46 @@
 """Nothing hidden in a run's outputs, through a real Snakemake run of the workflow (demo model, CPU).
 
-One run folds a few targets chosen to exercise what a user must be told: a target refused by the
-worklist, a user MSA that does not match its sequence (given by one of two targets with that
-sequence), a good user MSA given by one of two targets with the same sequence, and a user template
-naming a chain its file lacks. Every target given must appear in summary.tsv with its status and
-reason; MSA depth and source per chain must be right; the demo model must be announced in the
+The run (conftest's `workflow_run`, tests/demo_workflow.py) folds targets chosen to exercise what a user
+must be told: records refused by the worklist, a user MSA that does not match its sequence (given by one
+of two targets with that sequence), a good user MSA given by one of two targets with the same sequence,
+and a user template naming a chain its file lacks. Every target given must appear in summary.tsv with its
+status and reason; MSA depth and source per chain must be right; the demo model must be announced in the
 summary, the report and the export README; the single-sequence MSA warning must appear once.
 """
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 from Bio import SeqIO
 
+from demo_workflow import WorkflowRun
 from foldmill.io.targets import Entity
-from foldmill.msa.parse import read_msa
 from foldmill.msa.staging import read_msa_manifest
-from foldmill.outputs.summary import read_summary
 from foldmill.provenance import DEMO_WARNING
-from foldmill.templates.structure import read_template
-from test_fold import CI_CONFIG
-from test_msa_staging import BAD_SEQUENCE
 
 SINGLE_SEQUENCE_WARNING = (
-    "msa: 3 of 4 protein chains (distinct sequence and MSA) have single-sequence MSAs "
+    "msa: 5 of 6 protein chains (distinct sequence and MSA) have single-sequence MSAs "
     "(msa.mode is auto and no msa.database is set)"
 )
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, repo: Path) -> dict:
-    root = tmp_path_factory.mktemp("visibility")
-    msas, structures = data_dir / "msas", data_dir / "structures"
-    hemoglobin = read_msa(msas / "1a00_A_uniref90.a3m").query
-    lysozyme = read_template(structures / "1aki.cif").chains["A"].sequence
-    rows = [
-        # target_id, sequence, msa, template, template_chain_ids
-        ("hb_user", hemoglobin, str(msas / "1a00_A_uniref90.a3m"), "", ""),
-        ("hb_plain", hemoglobin, "", "", ""),
-        ("bad_user", BAD_SEQUENCE, str(msas / "seq2.a3m"), "", ""),
-        ("bad_plain", BAD_SEQUENCE, "", "", ""),
-        ("template_bad", lysozyme, "", str(structures / "1aki.cif"), "Z"),
-        ("broken", "MK2", "", "", ""),
-    ]
-    header = "target_id\tentity_type\tchain_ids\tsequence\tmsa\ttemplate\ttemplate_chain_ids\n"
-    sheet = header + "".join(f"{row[0]}\tprotein\tA\t" + "\t".join(row[1:]) + "\n" for row in rows)
-    (root / "targets.tsv").write_text(sheet)
-    out = root / "results"
-    config = {"outdir": str(out), "inputs": [str(root / "targets.tsv")], "skip_bad": True, **CI_CONFIG}
-    config["msa"] = {"mode": "auto", "database": ""}
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
-    wanted = [out / "summary.tsv", out / "export" / "manifest.tsv", out / "report" / "targets.html"]
-    command = [sys.executable, "-m", "snakemake", *wanted, "--cores", "2", "--configfile", root / "config.yaml"]
-    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = read_summary(out / "summary.tsv").set_index("target_id")
-    return {"out": out, "summary": summary, "console": done.stdout + done.stderr, "hemoglobin": hemoglobin}
+@pytest.fixture()
+def run(workflow_run: WorkflowRun) -> dict:
+    return {"out": workflow_run.out, "summary": workflow_run.summary, "console": workflow_run.console,
+            "hemoglobin": workflow_run.hemoglobin}  # fmt: skip
 
 
 def test_every_target_given_has_a_row_with_status_and_reason(run: dict) -> None:
     summary = run["summary"]
-    assert sorted(summary.index) == sorted(["hb_user", "hb_plain", "bad_user", "bad_plain", "template_bad", "broken"])
+    assert sorted(summary.index) == sorted(["prot1", "prot2", "bad1", "hb_user", "hb_plain", "bad_user", "bad_plain",
+                                            "template_bad", "broken"])  # fmt: skip
     statuses = summary["status"].to_dict()
     assert statuses == {
+        "prot1": "ok", "prot2": "ok", "bad1": "rejected",
         "hb_user": "ok", "hb_plain": "ok", "bad_user": "rejected", "bad_plain": "ok", "template_bad": "ok",
         "broken": "rejected",
     }  # fmt: skip
@@ -120,13 +91,13 @@ def test_demo_model_announced_in_summary_report_and_export(run: dict) -> None:
     summary = run["summary"]
     folded = summary[summary["status"] == "ok"]
     assert (folded["model"] == "demo").all() and folded["warnings"].str.startswith(DEMO_WARNING).all()
-    assert f"summary: 4 target(s) folded by the {DEMO_WARNING}" in run["console"]
-    assert "summary: 6 targets (4 ok, 2 rejected)" in (run["out"] / "logs/summary.log").read_text()
+    assert f"summary: 6 target(s) folded by the {DEMO_WARNING}" in run["console"]
+    assert "summary: 9 targets (6 ok, 3 rejected)" in (run["out"] / "logs/summary.log").read_text()
     report = (run["out"] / "report/targets.html").read_text()
-    assert f"<p class='demo'>WARNING: 4 target(s) folded by the {DEMO_WARNING}.</p>" in report
+    assert f"<p class='demo'>WARNING: 6 target(s) folded by the {DEMO_WARNING}.</p>" in report
     readme = (run["out"] / "export/README.md").read_text()
-    assert f"> **WARNING: 4 target(s) folded by the {DEMO_WARNING}.**" in readme.splitlines()
-    assert "2 target(s) did not fold" in readme and "of 6 targets passed" in readme
+    assert f"> **WARNING: 6 target(s) folded by the {DEMO_WARNING}.**" in readme.splitlines()
+    assert "3 target(s) did not fold" in readme and "of 9 targets passed" in readme
 
 
 def test_summary_and_report_say_which_shard_job_and_node_folded_each_target(run: dict) -> None:
@@ -136,7 +107,7 @@ def test_summary_and_report_say_which_shard_job_and_node_folded_each_target(run:
     jobs = pd.concat(pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in tables)
     summary = run["summary"]
     folded = summary[summary["status"] == "ok"]
-    assert len(folded) == 4 and set(folded.index) <= set(jobs["target_id"])
+    assert len(folded) == 6 and set(folded.index) <= set(jobs["target_id"])
     by_target = jobs.set_index("target_id")
     for target_id, row in folded.iterrows():
         assert row[["shard", "job_id", "node"]].tolist() == by_target.loc[target_id, ["shard", "job_id", "node"]].tolist()
