@@ -40,7 +40,8 @@ NODES = 2
 NODE_NAMES = rf"{re.escape(socket.gethostname().split('.')[0])}-[1-{NODES}]"
 # The walkthrough's my_proteome.yaml for this cluster (nodes of 2 CPUs, no real GPU): 3 small demo
 # proteins in 2 shards, the demo model on CPU with a short recipe; its `slurm:` line is added from
-# profiles/README.md (walkthrough_slurm), with a node feature and an extra sbatch option.
+# profiles/README.md (walkthrough_slurm), with a node feature and an extra sbatch option. Fold jobs
+# ask 4 GB: their Ray processes hold ~2.1 GB of RSS together, and Slurm kills a job above its memory.
 TEST_CONFIG = """\
 inputs: [proteins.fasta]
 sharding: {tokens_per_shard: 60}

@@ -206,11 +206,13 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$dbd_port
 AccountingStorageEnforce=associations,limits,qos
-# Memory use sampled every second (PSS: pages that processes share, as Ray's do, counted once);
-# a step above its --mem is killed, as cgroups would do on a production cluster (none here).
+# Memory use (the RSS summed over a step's processes, which counts pages they share, as Ray's
+# processes do, more than once) sampled every second; a step above its --mem is killed, as cgroups
+# would do on a production cluster (none here). RSS, not PSS: reading every process's smaps each
+# second slows the jobs down on a small machine.
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=task=1
-JobAcctGatherParams=OverMemoryKill,UsePss
+JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/none
 # Finished jobs stay visible to squeue and scontrol for an hour too (the squeue status check of the
 # Snakemake Slurm plugin and the tests use it).
