@@ -156,7 +156,7 @@ def test_summary_names_protocol_pairing_and_no_hit(run, caplog):
         stage(run["paths"], staged.parent / "rerun", run["config"])
     lines = [record.getMessage() for record in caplog.records if "single-sequence MSAs" in record.getMessage()]
     assert lines == [f"msa: 1 of 3 protein chains (distinct sequence and MSA) have single-sequence MSAs "
-                     f"(no homolog found in {run['config'].database})"]  # fmt: skip
+                     f"(the search found no homolog in {run['config'].database})"]  # fmt: skip
 
 
 @pytest.mark.parametrize("on_failure", ["reject", "fallback"])

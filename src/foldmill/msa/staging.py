@@ -480,7 +480,8 @@ def single_sequence_warning(config: MSAStagingConfig, manifest: pd.DataFrame) ->
     if not config.database and config.mode == "auto":
         why = "msa.mode is auto and no msa.database is set"
     else:
-        why = f"no homolog found in {config.server.base_url if config.mode == 'server' else config.database}"
+        where = config.server.base_url if config.mode == "server" else config.database
+        why = f"the search found no homolog in {where}"
     return (
         f"msa: {len(alone)} of {len(proteins)} protein chains (distinct sequence and MSA) "
         f"have single-sequence MSAs ({why})"
