@@ -35,6 +35,7 @@ from foldmill.outputs.filters import (
 from foldmill.outputs.summary import SUMMARY_COLUMNS, build_summary, read_summary, write_summary
 from foldmill.outputs.synthetic import synthetic_prediction
 from foldmill.outputs.writer import DONE_MARKER, write_prediction
+from foldmill.runtime.job_log import write_job_table
 from foldmill.templates.staging import TemplateStagingConfig, stage_templates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def _prediction(target_id: str):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A workdir as the fold rule would leave it: worklist (one record refused), staged MSAs and
-    templates, shards, two fold tables, predictions."""
+    templates, shards, two fold tables with their job tables, predictions."""
     root = tmp_path_factory.mktemp("run")
     sheet = root / "targets.tsv"
     lines = ["target_id\tentity_type\tsequence\tccd\tchain_ids\tmsa"] + ["\t".join(row) + "\tempty" for row in SHEET]
@@ -129,6 +130,8 @@ def run_dir(tmp_path_factory):
         table = pd.DataFrame(members, columns=["target_id", "status", "reason", "n_tokens", "seconds", "replica"])
         table["prediction_dir"] = [f"out/predictions/{t}" if s == "ok" else "" for t, s, *_ in members]
         table.to_csv(out / "fold" / f"{shard}.tsv", sep="\t", index=False)
+        (out / "logs" / "fold").mkdir(parents=True, exist_ok=True)
+        write_job_table(out / "fold" / f"{shard}.tsv", shard, out / "logs" / "fold" / f"{shard}.jobs.tsv", environ={})
     return root, predictions
 
 
