@@ -164,11 +164,23 @@ COMPILE_CASES = {
         ("rows", "cols"),
         {"BLOCK_C": 64},
     ),
-    "_group_columns_kernel": (
+    "_rope_kernel": (
+        "foldmill.moe.kernels.rope",
+        {"x_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16"},
+        ("seq", "heads", "cos_stride_b"),
+        {"SIGN": 1.0, "BLOCK_H": 16, "HALF": 64},
+    ),
+    "_partial_amax_kernel": (
         "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "ends_ptr": "*i32"},
-        ("cols", "stride_b", "stride_r", "stride_c", "out_stride_g", "out_stride_c"),
-        {"LOCAL_ROWS": 0, "BLOCK_R": 32, "BLOCK_C": 64},
+        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32"},
+        ("cols", "stride_r", "chunks"),
+        {"CHUNK": 256, "BLOCK_R": 64, "BLOCK_C": 128},
+    ),
+    "_chunk_cast_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+        ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
+        {"LOCAL_ROWS": 0, "CHUNK": 256, "CHUNKS": 64, "BLOCK_R": 64, "BLOCK_C": 128},
     ),
 }
 

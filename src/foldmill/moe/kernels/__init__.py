@@ -6,6 +6,7 @@ fp8_quant.py       FP8 quantizers: row-wise, and per (expert group, column) writ
 mx_grouped_gemm.py MXFP8 grouped GEMMs: tl.dot_scaled (native block-scaled MMA, sm100 route), and
                    FP8 or bf16 MMAs per 32-wide block with scales applied in fp32 (Hopper comparison)
 swiglu.py          SwiGLU x routing weight (+ MXFP8 quantization of the output), and its backward
+rope.py            rotary embedding of q and k, forward and backward one pass each
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 """
 

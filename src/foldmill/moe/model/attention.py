@@ -106,7 +106,6 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         # Rotated in the projections' own (batch, seq, heads, dim) layout: contiguous, so the
         # elementwise kernels vectorize; attention then takes (batch, heads, seq, dim) views.
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
         out = attend(q, k, v.transpose(1, 2), mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
