@@ -243,3 +243,76 @@ def test_rope_kernel_matches_eager_rotation_and_its_gradient(per_record):
     # bf16 in, bf16 out: one rounding of the float32 rotation.
     got_bf16 = apply_rope_triton(x.bfloat16().to(CUDA), cos.to(CUDA), sin.to(CUDA)).cpu().double()
     assert float((got_bf16 - want.detach()).abs().max()) <= float(want.detach().abs().max()) * 2**-7
+
+
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_captured_steps_train_as_eager_steps(backend, masked):
+    """moe.cuda_graphs: replayed forward + backward steps give the eager run's losses and weights,
+    and eager code after the replays (evaluation) reads 8-bit copies of the current weights."""
+    import copy
+    import dataclasses
+
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.train.graphs import CapturedForwardBackward
+
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
+    eager = MoEDecoder(config).to(CUDA, torch.bfloat16)
+    graphed = copy.deepcopy(eager)
+    batches = torch.randint(4, config.vocab_size, (4, 2, 129), device=CUDA)
+    documents = torch.arange(128, device=CUDA).div(40, rounding_mode="floor").expand(2, -1) if masked else None
+
+    def loss(model, batch):
+        logits = model(batch[:, :-1], documents).logits
+        return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
+
+    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-2, fused=True)
+    graphed_optimizer = torch.optim.AdamW(graphed.parameters(), lr=1e-2, fused=True)
+    captured = CapturedForwardBackward(lambda batch: loss(graphed, batch), list(graphed.parameters()))
+    for batch in batches:
+        want = loss(eager, batch)[0]
+        want.backward()
+        eager_optimizer.step()
+        eager_optimizer.zero_grad(set_to_none=True)
+        got = captured(batch)[0]
+        graphed_optimizer.step()
+        assert torch.allclose(got, want.detach(), rtol=1e-3, atol=0)
+    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
+        assert torch.allclose(p.float(), q.float(), rtol=1e-2, atol=1e-4), name
+    with torch.no_grad():
+        assert torch.allclose(loss(graphed, batches[0])[0], loss(eager, batches[0])[0], rtol=1e-3, atol=0)
+    with pytest.raises(ValueError, match="batches of shape"):
+        captured(batches[0][:1])
+
+
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise"])
+def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir, backend):
+    """The pretraining loop with moe.cuda_graphs (the default): same losses as eager, evaluation and checkpoints
+    between replays, and a resumed run that captures again from the checkpoint."""
+    import json
+
+    from foldmill.moe.config import TrainConfig
+    from foldmill.moe.data.corpus import prepare_corpus
+    from foldmill.moe.train.trainer import Trainer
+
+    corpus = tmp_path / "corpus"
+    prepare_corpus([data_dir / "proteomes/yeast_chr1.fasta"], corpus, val_fraction=0.05)
+    settings = dict(steps=8, batch_size=4, seq_len=64, lr=5e-3, warmup_steps=2, log_every=2, checkpoint_every=4,
+                    eval_every=4, eval_batches=2, precision="bf16", expert_backend=backend)
+    eager = Trainer(corpus, tmp_path / "eager", TrainConfig(**settings, cuda_graphs=False)).fit()
+    graphed = Trainer(corpus, tmp_path / "graphed", TrainConfig(**settings, cuda_graphs=True)).fit()
+    assert graphed["final_train_loss"] == pytest.approx(eager["final_train_loss"], rel=1e-2)
+    assert graphed["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-2)
+    # Resume the graphed run from its step-4 checkpoint and train to step 8 again.
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(tmp_path / "graphed/checkpoints/step_00000004", resumed_dir / "checkpoints/step_00000004")
+    resumed = Trainer(corpus, resumed_dir, TrainConfig(**settings, cuda_graphs=True)).fit()
+    assert resumed["steps"] == 8
+    assert resumed["val_loss"] == pytest.approx(graphed["val_loss"], rel=1e-2)
+    losses = [json.loads(line) for line in (tmp_path / "graphed/metrics.jsonl").read_text().splitlines()]
+    assert len([line for line in losses if "val_loss" in line]) == 2  # step 4 and the end

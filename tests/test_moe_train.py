@@ -108,10 +108,10 @@ def test_train_arguments_round_trip_through_the_command_line_parser():
 
     from foldmill.cli.pretrain import config_from_args, register
 
-    config = TrainConfig(model="tiny", steps=7, lr=0.5, compile=False, precision="bf16")
+    config = TrainConfig(model="tiny", steps=7, lr=0.5, compile=False, cuda_graphs=False, precision="bf16")
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(train_arguments("corpus", "run", config))
     assert config_from_args(args, TrainConfig) == config
-    turned_on = TrainConfig(compile=True)
+    turned_on = TrainConfig(compile=True, cuda_graphs=True)
     assert config_from_args(parser.parse_args(train_arguments("corpus", "run", turned_on)), TrainConfig) == turned_on

@@ -293,6 +293,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
     from foldmill.moe.model.decoder import MoEDecoder
     from foldmill.moe.train.compile import compile_dense_blocks
+    from foldmill.moe.train.graphs import CapturedForwardBackward
     from foldmill.moe.train.metrics import flops_per_token
 
     config = model_config(name, max_seq_len=seq_len, **({"num_layers": layers} if layers else {}))
@@ -309,14 +310,24 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     documents = torch.stack([torch.repeat_interleave(torch.arange(row.numel()), row)[:seq_len] for row in lengths])
     documents = documents.to(device)
 
-    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False) -> torch.Tensor:
+    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data) -> torch.Tensor:
         if hf:
-            return model(input_ids=data[:, :-1], labels=data[:, :-1]).loss
-        logits = model(data[:, :-1], documents if masked else None).logits
-        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
+            return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        logits = model(batch[:, :-1], documents if masked else None).logits
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
-    def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool) -> Callable[[], None]:
+    def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool) -> Callable[[], None]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        if graphed:  # what the trainer does with moe.cuda_graphs
+            captured = CapturedForwardBackward(lambda batch: (loss_of(model, hf, masked, batch),),
+                                               list(model.parameters()))
+
+            def graphed_step() -> None:
+                captured(data)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+
+            return graphed_step
 
         def step() -> None:
             loss_of(model, hf, masked).backward()
@@ -338,10 +349,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return round(kept / 2**30, 2)
 
     def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]], precision: str,
-            masked: bool = False) -> None:
+            masked: bool = False, graphed: bool = False) -> None:
         def measure() -> dict:
             model, hf = build()
-            ms = cuda_median_ms(train_step_fn(model, hf, masked), repeats, warmup=3)
+            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed), repeats, warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
                     "activation_gib": activation_gib(model, hf, masked)}
@@ -369,11 +380,16 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         row(f"HF {implementation}", hf_model(implementation), "bf16")
     for backend in backends:
         row(f"foldmill {backend}", foldmill_model(backend), PRECISION[backend])
+    for backend in backends:
+        row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), PRECISION[backend],
+            graphed=True)
     if "grouped" in backends:
         row("foldmill grouped, dense blocks compiled (moe.compile)", foldmill_model("grouped", compiled=True), "bf16")
         # Same FLOP count as the causal rows (the masked-out blocks are not subtracted).
         row("foldmill grouped, document-masked (records of 50-800 tokens)", foldmill_model("grouped"), "bf16",
             masked=True)
+        row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
+            graphed=True)
     add_speedups(results)
     return results
 

@@ -107,6 +107,8 @@ class TrainConfig:
     # torch.compile the dense sub-blocks of each layer (moe.train.compile); CUDA only. Off by
     # default: on the H200 it paid in some runs and lost in others (docs/benchmarks/moe.md).
     compile: bool = False
+    # Capture forward + backward as one CUDA graph (moe.train.graphs); runs of one CUDA GPU only.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "bf16-mixed", "bf16"):

@@ -28,6 +28,13 @@ def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs:
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def invalidate_weight_copies() -> None:
+    """Make every cached copy stale, as an optimizer step does (weights changed outside torch.optim,
+    e.g. by a replayed CUDA graph, or a graph about to be captured must record the copies)."""
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
 class WeightCache:
     def __init__(self, capacity: int = 4) -> None:
         # One expert MLP has two weights, each needed in two layouts (forward and dgrad).

@@ -27,6 +27,7 @@ from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, sa
 from foldmill.moe.train.compile import compile_dense_blocks
 from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
 from foldmill.moe.train.evaluate import evaluate
+from foldmill.moe.train.graphs import CapturedForwardBackward
 from foldmill.moe.train.loss import batch_loss
 from foldmill.moe.train.metrics import MetricsLog, mfu
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
@@ -71,6 +72,13 @@ class Trainer:
                                     self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.step = 0
+        self.captured: CapturedForwardBackward | None = None
+        if config.cuda_graphs and self.env.device.type == "cuda":
+            if self.env.world_size == 1:
+                self.captured = CapturedForwardBackward(self._loss_and_metrics, list(self.model.parameters()))
+            else:
+                log.info("moe.cuda_graphs: off with %d processes (captured steps run on one GPU only)",
+                         self.env.world_size)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -100,18 +108,27 @@ class Trainer:
         return evaluate(self.model, self.val_windows, self.config.batch_size, self.config.eval_batches,
                         self.config.precision, self.env)
 
+    def _loss_and_metrics(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        loss = batch_loss(self.model, batch, self.config.precision, self.config.aux_loss_coef)
+        return loss.loss, loss.cross_entropy, loss.expert_load
+
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (cross-entropy, grad norm, expert load), on the device."""
         self.step += 1
         set_learning_rate(self.optimizer, learning_rate(self.step, self.config))
         batch = self.train_windows.batch(self.sampler.next_indices()).to(self.env.device, non_blocking=True)
-        loss = batch_loss(self.model, batch, self.config.precision, self.config.aux_loss_coef)
-        loss.loss.backward()
+        if self.captured is not None:
+            _, cross_entropy, load = self.captured(batch)
+        else:
+            loss, cross_entropy, load = self._loss_and_metrics(batch)
+            loss.backward()
         reduce_expert_gradients(unwrap(self.model))
         grad_norm = clip_grad_norm(unwrap(self.model), self.config.grad_clip)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.cross_entropy.detach(), grad_norm.detach(), loss.expert_load
+        # A captured backward writes into the same gradient tensors on every replay: keep them.
+        if self.captured is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        return cross_entropy.detach(), grad_norm.detach(), load
 
     def fit(self) -> dict:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
