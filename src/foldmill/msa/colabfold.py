@@ -157,10 +157,11 @@ INDEX_BYTES_PER_BYTE = 12  # and it grows by about this much per byte of indexed
 
 
 def with_search_index(
-    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float
+    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float, build: bool = True
 ) -> ColabFoldDatabases:
     """The databases, searched through an MMseqs2 index built once under `cache_dir` for each one
-    that has none and whose index would take at most `max_gb` (0 = never build one).
+    that has none and whose index would take at most `max_gb` (0 = never build one). With `build`
+    false, the indexed databases only if that index is there already.
 
     Without an index every prefilter step (three per database and run) builds the target's k-mer
     table again; with one it is read. The index gives the same hits, and expandaln, align and
@@ -174,11 +175,12 @@ def with_search_index(
     if estimate > max_gb * 1e9:
         log.info("no private MMseqs2 index of %s: about %.0f GB > msa.index_max_gb", databases.root, estimate / 1e9)
         return databases
-    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
-    final = Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+    final = private_index_path(databases, cache_dir)
     indexed = ColabFoldDatabases(final, databases.uniref, databases.environmental, private_index=True)
     if all(indexed.indexed(name) for name in databases.names()):
         return indexed
+    if not build:
+        return databases
     final.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(final.parent).free < 2 * estimate:
         log.info("no private MMseqs2 index of %s: not enough free disk under %s", databases.root, cache_dir)
@@ -209,6 +211,24 @@ def with_search_index(
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return indexed
+
+
+def private_index_path(databases: ColabFoldDatabases, cache_dir: Path) -> Path:
+    """Where `with_search_index` keeps its index of these databases (named after their signatures)."""
+    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
+    return Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+
+
+def searched_before(databases: ColabFoldDatabases, cache_dir: Path) -> bool:
+    """Whether a run with this cache searched these databases before (`mark_searched`)."""
+    path = private_index_path(databases, cache_dir)
+    return path.with_name(f"{path.name}.searched").is_file()
+
+
+def mark_searched(databases: ColabFoldDatabases, cache_dir: Path) -> None:
+    path = private_index_path(databases, cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_name(f"{path.name}.searched").touch()
 
 
 def _signature(prefix: Path) -> str:
@@ -332,18 +352,18 @@ class Runner:
             return flags
         return flags + ["-s", f"{self.settings.sensitivity:.1f}"]
 
-    def search(self, query: Path, target: Path, result: Path, tmp: Path) -> Path:
+    def search(self, query: Path, target: Path, result: Path, tmp: Path, bare: Sequence[int] = ()) -> Path:
         """The iterative profile search (`mmseqs search --num-iterations 3`) of `query` against
         `target` into `result`; returns the profile database of its second iteration (what the
         search leaves as tmp/latest/profile_1), which the protocol's next steps read.
 
         With the pinned MMseqs2 build and its k-mer prefilter it runs the search's own steps
         itself (`iterate`), which skips the work of queries that converged; otherwise one
-        `mmseqs search`."""
+        `mmseqs search`. `bare`: keys of query profiles made from no alignment (see `iterate`)."""
         if self.settings.gpu or self.settings.prefilter_mode != 0 or not explicit_steps_known(self.binary):
             self("search", query, target, result, tmp, *self.threads(), *self.search_flags())
             return tmp / "latest" / f"profile_{ITERATIONS - 2}"
-        return iterate(self, query, target, result, tmp)
+        return iterate(self, query, target, result, tmp, bare)
 
 
 ITERATIONS = 3
@@ -395,7 +415,7 @@ def explicit_steps_known(binary: str) -> bool:
     return result.stdout.strip() in EXPLICIT_STEPS_VERSIONS
 
 
-def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path) -> Path:
+def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path, bare: Sequence[int] = ()) -> Path:
     """`mmseqs search --num-iterations 3` as its own steps (prefilter, subtractdbs, align, mergedbs,
     result2profile per iteration, the parameters it passes them), minus the work of converged queries.
 
@@ -406,9 +426,18 @@ def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path) -> 
     none. Later iterations therefore run only for queries that gained alignments (their prefilter
     and alignment do not depend on the other queries), and not at all once every query has
     converged. Iteration 0 of a sequence query scores with the substitution matrix, later ones
-    with the profile, so convergence is judged from iteration 1 on. Same result and profile, byte
-    for byte, as the search (tests/test_msa_colabfold.py)."""
+    with the profile, so convergence is judged from iteration 1 on, with one exception: a query
+    profile made from no alignment (`bare`: the environmental search's queries that found nothing
+    in UniRef30) that aligns nothing in iteration 0 gives profile 0 equal to itself, so iteration 1
+    would repeat iteration 0's prefilter and align the same candidates, differing only in
+    iteration 0's --realign, which recomputes the backtraces of accepted hits but not the scores
+    that decide acceptance; such a query has converged after iteration 0. Same result and profile,
+    byte for byte, as the search (tests/test_msa_colabfold.py)."""
     tmp.mkdir(parents=True, exist_ok=True)
+    # As the search does, every step reads the target's index where it has one (the prefilter
+    # uses an index only when handed it, and otherwise builds the k-mer table again).
+    if Path(f"{target}.idx.dbtype").is_file() and "MMSEQS_IGNORE_INDEX" not in run.environment:
+        target = Path(f"{target}.idx")
     sensitivity = run.settings.sensitivity
     prefilter = [*PREFILTER_FLAGS, "-s", "5.7" if sensitivity is None else f"{sensitivity:.1f}", *run.threads()]
     threads = run.threads()
@@ -422,6 +451,9 @@ def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path) -> 
             run("prefilter", searched, target, tmp / "pref_0", *prefilter)
             run("align", searched, target, tmp / "pref_0", tmp / "aln_0", *ALIGN_FLAGS, "--realign", "1", *threads)
             aligned = tmp / "aln_0"
+            if bare:
+                converged = set(bare) - set(gaining(aligned))
+                active = [key for key in database_keys(current) if key not in converged] if converged else None
         else:
             assert aligned is not None
             run("prefilter", searched, target, tmp / f"pref_tmp_{step}", *prefilter)
@@ -441,6 +473,10 @@ def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path) -> 
             run("mvdb", aligned, result, "-v", "1")
             break
     return current
+
+
+def database_keys(prefix: Path) -> list[int]:
+    return [int(line.split("\t", 1)[0]) for line in Path(f"{prefix}.index").read_text().splitlines()]
 
 
 def gaining(alignments: Path) -> list[int]:
@@ -509,7 +545,9 @@ def unpaired_msas(
     environmental = databases.environmental
     if environmental:
         target = databases.search_target(environmental, settings.gpu)
-        env_profile = run.search(w / "prof_res", target, w / "res_env", w / "tmp3")
+        # queries UniRef30 aligned nothing to: their profile is made from their sequence alone
+        bare = sorted(set(database_keys(w / "qdb")) - set(gaining(w / "res")))
+        env_profile = run.search(w / "prof_res", target, w / "res_env", w / "tmp3", bare)
         # ColabFold expands environmental clusters without its cluster filter and realigns with the
         # last iteration's profile.
         env_expand = ["-e", str(math.inf), "--expansion-mode", "0"]
