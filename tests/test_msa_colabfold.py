@@ -79,6 +79,10 @@ def test_unpaired_msas_equal_colabfold_search(database, tmp_path):
         assert ours[name] == theirs, name
     assert ours["hba"].count(">") > 1000  # UniRef30 and environmental rows, not just the query
     assert ours["nohit"].count(">") == 2  # the query row of each database's A3M
+    # equal through the skipped work: the environmental search dropped the converged no-hit query
+    # (key 3) after its first iteration and kept searching for the others
+    if colabfold.explicit_steps_known(mmseqs_binary()):
+        assert colabfold.database_keys(tmp_path / "foldmill" / "unpaired" / "tmp3" / "active_1") == [0, 1, 2]
 
 
 @needs_oracle
