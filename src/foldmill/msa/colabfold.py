@@ -15,7 +15,8 @@ paired, per complex (UniRef30 only):
   pairaln (dummy rows where a chain has no partner) -> result2msa; row i of every chain's paired
   A3M comes from the same species.
 
-All queries of a proteome go into one query database, so each step runs once per proteome. The
+All queries of a proteome go into one query database, so each step runs once per proteome; the
+iterative search runs as its own steps (`iterate`), so that queries that converged drop out. The
 module builds the command lines itself (reimplemented from ColabFold's documented protocol) and
 reads the resulting databases directly instead of unpacking one file per query.
 """
