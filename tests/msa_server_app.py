@@ -37,8 +37,14 @@ from urllib.parse import parse_qs
 from foldmill.msa import colabfold
 
 UNPAIRED_MODES = {"env": (True, True), "all": (False, True), "env-nofilter": (True, False), "nofilter": (False, False)}
-# The local protocol pairs UniRef30 hits only: the -env pairing modes are refused (status ERROR).
-PAIRED_MODES = {"pairgreedy": 0, "paircomplete": 1}
+# Pairing modes -> (pairaln --pairing-mode, pair environmental hits too). The -env modes pair the
+# hits of the environmental pairing database as well (colabfold_search --use-env-pairing 1 and its
+# --db4, SPIRE, laid out as spire_*_db with its taxonomy mapping) and append each chain's paired
+# A3M from it after its UniRef30 one, as colabfold_search does; a database directory without such a
+# database answers them with status ERROR.
+PAIRED_MODES = {"pairgreedy": (0, False), "paircomplete": (1, False), "pairgreedy-env": (0, True),
+                "paircomplete-env": (1, True)}  # fmt: skip
+ENVIRONMENTAL_PAIRING_GLOB = "spire_*_db"
 AMINO_ACIDS = set("ACDEFGHIKLMNPQRSTVWYXBZUO")
 
 
@@ -99,10 +105,26 @@ def search(state: State, ticket: Ticket) -> bytes:
             parts["bfd.mgnify30.metaeuk30.smag30.a3m"] = workdir / "env.a3m"
         files = {name: number_queries(colabfold.read_database(path), ticket.sequences) for name, path in parts.items()}
     else:
-        settings = colabfold.ColabFoldSettings(threads=2, pairing_strategy=PAIRED_MODES[ticket.mode])
-        chains = colabfold.paired_msas([ticket.sequences], state.databases, workdir, settings)[0]
+        strategy, environmental = PAIRED_MODES[ticket.mode]
+        settings = colabfold.ColabFoldSettings(threads=2, pairing_strategy=strategy)
+        chains = colabfold.paired_msas([ticket.sequences], state.databases, workdir / "uniref", settings)[0]
+        if environmental:
+            more = colabfold.paired_msas([ticket.sequences], environmental_pairing(state.databases.root),
+                                         workdir / "environmental", settings)[0]  # fmt: skip
+            chains = [uniref + extra for uniref, extra in zip(chains, more)]
         files = {"pair.a3m": "".join(f"{a3m}\0" for a3m in chains)}
     return pack(files)
+
+
+def environmental_pairing(root: Path) -> colabfold.ColabFoldDatabases:
+    """The environmental pairing database of a database directory, searched as the pairing searches
+    UniRef30 (it takes UniRef30's place)."""
+    names = sorted(path.name[: -len(".dbtype")] for path in root.glob(f"{ENVIRONMENTAL_PAIRING_GLOB}.dbtype"))
+    if not names:
+        raise ValueError(f"{root}: no environmental pairing database ({ENVIRONMENTAL_PAIRING_GLOB})")
+    databases = colabfold.ColabFoldDatabases(root, names[0], None)
+    databases.check(names[0])
+    return databases
 
 
 def drop_last_query(result: bytes) -> bytes:

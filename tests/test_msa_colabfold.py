@@ -79,6 +79,10 @@ def test_unpaired_msas_equal_colabfold_search(database, tmp_path):
         assert ours[name] == theirs, name
     assert ours["hba"].count(">") > 1000  # UniRef30 and environmental rows, not just the query
     assert ours["nohit"].count(">") == 2  # the query row of each database's A3M
+    # equal through the skipped work: the environmental search dropped the converged no-hit query
+    # (key 3) after its first iteration and kept searching for the others
+    if colabfold.explicit_steps_known(mmseqs_binary()):
+        assert colabfold.database_keys(tmp_path / "foldmill" / "unpaired" / "tmp3" / "active_1") == [0, 1, 2]
 
 
 @needs_oracle
@@ -176,12 +180,19 @@ def test_staging_searches_a_colabfold_directory_by_its_protocol(database, tmp_pa
     assert depths["a" * 64] == len(dict.fromkeys(s for s in sequences)) > 1000  # distinct rows, query first
     assert depths["b" * 64] == 1  # no hit: the query alone
     assert set(result.manifest["source"]) == {"search"} and set(result.manifest["protocol"]) == {"colabfold"}
-    # searched through an index built once under the cache (the direct search above has none)
-    indexes = sorted(path.name for path in (tmp_path / "staged" / "cache" / "msa").glob("colabfold-index/*/*.idx"))
-    assert indexes == [f"{database.environmental}.idx", f"{database.uniref}.idx"]
+    # the first search of these databases builds no index (it would cost what it saves)
+    cache = tmp_path / "staged" / "cache" / "msa"
+    assert not list(cache.glob("colabfold-index/*/*.idx"))
 
     again = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
     assert again.searched == 0  # cached by sequence, database and protocol settings
+
+    # a later search of the same databases builds the index once under the cache and reads it
+    chains.write_text(f"chain_hash\tentity_type\tmsa\tsequence\n{'c' * 64}\tprotein\t\t{YEAST_PEPTIDE[::-1]}\n")
+    later = stage_msas(chains, tmp_path / "staged" / "msa_manifest.tsv", config)
+    assert later.searched == 1 and list(later.manifest["depth"]) == [1]
+    indexes = sorted(path.name for path in cache.glob("colabfold-index/*/*.idx"))
+    assert indexes == [f"{database.environmental}.idx", f"{database.uniref}.idx"]
 
 
 def test_gpu_search_flags_padded_layout_and_a_cpu_build(database, tmp_path):

