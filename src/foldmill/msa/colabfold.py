@@ -194,7 +194,7 @@ def with_search_index(
                 (building / path.name).symlink_to(path.resolve())
         run = Runner(building, ColabFoldSettings(threads=threads))
 
-        def build(name: str) -> None:
+        def build_index(name: str) -> None:
             log.info("building an MMseqs2 index of %s (once; reused by later runs)", databases.path(name))
             tmp = building / f"tmp_{name}"
             run("createindex", building / name, tmp, *run.threads(), "--remove-tmp-files", "1", "-v", "1")
@@ -202,7 +202,7 @@ def with_search_index(
 
         # Side by side: writing an index is much of its cost, and one build's writes overlap the other's k-mer counting.
         with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-            for done in [pool.submit(build, name) for name in missing]:
+            for done in [pool.submit(build_index, name) for name in missing]:
                 done.result()
         try:
             building.rename(final)
@@ -312,14 +312,23 @@ def gpu_visible() -> bool:
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
+def read_index(prefix: Path) -> dict[int, tuple[int, int]]:
+    """An MMseqs2 database's .index: key -> (offset, length) of its entry, in file order. An entry's
+    length counts its terminating NUL, so an empty entry has length 1."""
+    spans = {}
+    for line in Path(f"{prefix}.index").read_text().splitlines():
+        key, offset, length = (int(field) for field in line.split("\t")[:3])
+        spans[key] = (offset, length)
+    return spans
+
+
 def read_database(prefix: Path) -> dict[int, str]:
     """Entries of an MMseqs2 database (data file and .index, one data file) by key."""
     data = Path(prefix).read_bytes()
-    entries = {}
-    for line in Path(f"{prefix}.index").read_text().splitlines():
-        key, offset, length = (int(field) for field in line.split("\t")[:3])
-        entries[key] = data[offset : offset + length - 1].decode("utf-8", errors="replace")
-    return entries
+    return {
+        key: data[offset : offset + length - 1].decode("utf-8", errors="replace")
+        for key, (offset, length) in read_index(prefix).items()
+    }
 
 
 class Runner:
@@ -477,17 +486,12 @@ def iterate(run: Runner, query: Path, target: Path, result: Path, tmp: Path, bar
 
 
 def database_keys(prefix: Path) -> list[int]:
-    return [int(line.split("\t", 1)[0]) for line in Path(f"{prefix}.index").read_text().splitlines()]
+    return list(read_index(prefix))
 
 
 def gaining(alignments: Path) -> list[int]:
     """Keys of an alignment database's non-empty entries."""
-    keys = []
-    for line in Path(f"{alignments}.index").read_text().splitlines():
-        key, _, length = line.split("\t")[:3]
-        if int(length) > 1:  # an empty entry is its terminating NUL alone
-            keys.append(int(key))
-    return keys
+    return [key for key, (_, length) in read_index(alignments).items() if length > 1]
 
 
 def subset_database(source: Path, keys: Sequence[int], target: Path) -> Path:
@@ -634,10 +638,7 @@ def paired_msas(
 def remap_database(source: Path, target: Path, keys: Mapping[int, int]) -> None:
     """Write MMseqs2 database `target` whose entry k is `source`'s entry keys[k] (byte for byte; one data file)."""
     data = source.read_bytes()
-    spans = {}
-    for line in Path(f"{source}.index").read_text().splitlines():
-        key, offset, length = (int(field) for field in line.split("\t")[:3])
-        spans[key] = (offset, length)
+    spans = read_index(source)
     parts, index, offset = [], [], 0
     for key in sorted(keys):
         start, length = spans[keys[key]]

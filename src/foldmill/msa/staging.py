@@ -581,7 +581,6 @@ def colabfold_rows(
     return rows, paired
 
 
-
 def search_while_indexing(
     queries: dict[str, str], complexes: dict[str, list[str]], databases: colabfold.ColabFoldDatabases,
     workdir: Path, settings: colabfold.ColabFoldSettings, cache_root: Path, index_max_gb: float,
