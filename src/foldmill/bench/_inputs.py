@@ -104,12 +104,12 @@ def get_features(item: BenchInput, directory: Path | None, device: str | torch.d
     `device` without the training-only ones (the distogram target is 8.6 GiB at 6,000 tokens; no
     contender's inference reads it). Featurizing is quadratic in memory (2,000 tokens: 3.4 s, 3.3 GiB
     of RAM on CPU), so a 6,000-token monomer needs ~30 GiB: featurize it on the GPU machine."""
-    from foldmill.fastpath.runner import TRAINING_ONLY_FEATURES
+    from foldmill.fastpath.runner import inference_features
 
     path = feature_path(directory, item) if directory is not None else None
     stored = path is not None and path.is_file()
     features = load_features(path) if stored else featurize_input(item)
-    features = {name: value for name, value in features.items() if name not in TRAINING_ONLY_FEATURES}
+    features = inference_features(features)
     if path is not None and not stored:  # without the training-only ones (64 of the 81 MB compressed at 6,000 tokens)
         save_features(path, features)
     return {name: value.to(device) for name, value in features.items()}

@@ -31,7 +31,7 @@ from foldmill.features import FeaturizedTarget, StagedInputs, featurize
 from foldmill.io.targets import Entity, Target
 from foldmill.model.checkpoint import file_sha256
 from foldmill.model.config import Boltz2Config, InferenceRecipe
-from foldmill.fastpath.runner import TRAINING_ONLY_FEATURES, FastBoltz2, FastPathOptions
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions, inference_features
 from foldmill.outputs.prediction import Prediction
 from foldmill.outputs.writer import write_prediction
 from foldmill.vocab import PROTEIN_LETTERS
@@ -131,9 +131,8 @@ class FeaturizeStage:
         else:
             staged = StagedInputs.from_manifests(self.staged_dir, target)
         featurized = featurize(target, staged, seed=self.seed, max_msa_seqs=self.max_msa_seqs)
-        # The distogram training target is read by no inference path; packing, sending and unpacking it
-        # (tokens^2 x 64 fp32: 577 MiB at 1,537 tokens) cost seconds per long target.
-        packed = pack_features({k: v for k, v in featurized.features.items() if k not in TRAINING_ONLY_FEATURES})
+        # Packing, sending and unpacking the distogram training target cost seconds per long target.
+        packed = pack_features(inference_features(featurized.features))
         return FoldInput(replace(featurized, features={}), packed, item.content_hash, target.source, target.record)
 
 
