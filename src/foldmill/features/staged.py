@@ -27,7 +27,7 @@ from foldmill.errors import InputError
 from foldmill.features.template_features import ChainTemplate
 from foldmill.io.targets import Entity, Target
 from foldmill.msa.parse import read_msa
-from foldmill.msa.staging import MSAKey, complex_key, msa_key, read_msa_manifest, read_msa_rejects
+from foldmill.msa.staging import MSAKey, msa_key, read_msa_manifest, read_msa_rejects, staged_keys
 from foldmill.msa.types import MSA
 from foldmill.templates.types import TemplateAlignment
 
@@ -60,19 +60,18 @@ class StagedInputs:
         itself, or a mapping with keys "msa", "msa_rejects", "templates" naming manifest files.
         """
         paths = _manifest_paths(source)
-        keys = {msa_key(entity) for entity in target.entities if entity.is_polymer}
         staged = _keyed(paths.get("msa"), "path")
         rejected = _keyed(paths.get("msa_rejects"), "problem")
-        group = complex_key(target)
         msa_paths, rejects = {}, {}
-        for key in keys:
-            # the complex's own row (paired rows, or its rejection) before the chain's
-            for lookup in ((*key, group), (*key, "")) if group else ((*key, ""),):
+        for entity in target.entities:
+            if not entity.is_polymer:
+                continue
+            for lookup in staged_keys(target, entity):
                 if lookup in rejected:
-                    rejects[key] = rejected[lookup]
+                    rejects[msa_key(entity)] = rejected[lookup]
                     break
                 if lookup in staged:
-                    msa_paths[key] = Path(staged[lookup])
+                    msa_paths[msa_key(entity)] = Path(staged[lookup])
                     break
         templates = []
         for row in _rows(paths.get("templates"), target.target_id):

@@ -105,6 +105,14 @@ def complex_key(target: Target) -> str:
     return _digest("\n".join(chain_hash for chain_hash, _ in chains)) if len(chains) > 1 else ""
 
 
+def staged_keys(target: Target, entity: Entity) -> list[tuple[str, str, str]]:
+    """The manifest and rejects rows (msa_key, complex) that may hold `entity`'s MSA in `target`, in
+    the order they apply: the target's complex row (paired rows, or the complex's rejection) before
+    the chain's own."""
+    key, group = msa_key(entity), complex_key(target)
+    return [(*key, group), (*key, "")] if group else [(*key, "")]
+
+
 @dataclass(frozen=True)
 class MSAStagingConfig:
     mode: str = "auto"

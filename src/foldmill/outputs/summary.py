@@ -29,7 +29,7 @@ from foldmill.errors import FoldmillError
 from foldmill.io.atomic import owned_files
 from foldmill.io.targets import Target
 from foldmill.io.worklist import read_rejects
-from foldmill.msa.staging import complex_key, msa_key, read_msa_manifest, read_msa_rejects
+from foldmill.msa.staging import read_msa_manifest, read_msa_rejects, staged_keys
 from foldmill.outputs.prediction import CONFIDENCE_SCALARS
 from foldmill.outputs.writer import DONE_MARKER, record_name
 from foldmill.provenance import DEMO_WARNING, is_demo_checkpoint
@@ -263,8 +263,7 @@ def _chain_msa(target: Target, entity, staged: _Staged) -> tuple[str, object]:
     """A protein entity's staging outcome, looked up as the featurizer does (the target's complex
     row first, then the chain's own): ("rejected", problem), ("staged", (depth, source, protocol,
     paired rows, note)) or ("none", None)."""
-    group, key = complex_key(target), msa_key(entity)
-    for lookup in ((*key, group), (*key, "")) if group else ((*key, ""),):
+    for lookup in staged_keys(target, entity):
         if lookup in staged.msa_rejects:
             return "rejected", staged.msa_rejects[lookup]
         if staged.msas is not None and lookup in staged.msas:
