@@ -27,7 +27,6 @@ IMPLEMENTATIONS = ("auto", "flex", "sdpa")
 class DocumentMask:
     """Which keys each query may see in a window of packed records; built once per batch."""
 
-    document_ids: torch.Tensor  # (batch, seq) int, non-decreasing along seq
     positions: torch.Tensor  # (batch, seq) position of each token within its record
     block_mask: object | None = None  # FlexAttention BlockMask (flex)
     dense: torch.Tensor | None = None  # (batch, 1, seq, seq) bool, True = may attend (sdpa)
@@ -56,7 +55,7 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
         seq = ids.shape[-1]
         causal = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril()
         dense = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & causal
-        return DocumentMask(ids, positions, dense=dense.unsqueeze(1))
+        return DocumentMask(positions, dense=dense.unsqueeze(1))
     from torch.nn.attention.flex_attention import create_block_mask
 
     def same_document_causal(b, h, q, kv):
@@ -65,7 +64,7 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
     batch, seq = ids.shape
     # Compiled construction: ~10 ms per 2 x 4,096-token batch uncompiled on the H200, once per step.
     block_mask = create_block_mask(same_document_causal, batch, None, seq, seq, device=ids.device, _compile=True)
-    return DocumentMask(ids, positions, block_mask=block_mask)
+    return DocumentMask(positions, block_mask=block_mask)
 
 
 @functools.cache
