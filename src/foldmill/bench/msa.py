@@ -55,19 +55,16 @@ def read_fasta(path: Path) -> dict[str, str]:
     return {name: "".join(parts) for name, parts in sequences.items() if parts}
 
 
-CPU_SECONDS: list[float] = []  # CPU time (user + system) of each timed call's subprocesses, in order
-
-
-def timed(call) -> tuple[float, object]:
-    """Wall seconds of `call` (and its result); its subprocesses' CPU time goes to CPU_SECONDS, which
-    a machine shared with other jobs slows less than the wall time."""
+def timed(contender: str, call) -> tuple[dict, object]:
+    """The table row of `call` (its wall seconds, and the CPU seconds, user + system, of the
+    subprocesses it ran, which a machine shared with other jobs slows less), and its result."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = call()
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU_SECONDS.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return seconds, result
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"contender": contender, "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 1)}, result
 
 
 def run_colabfold_search(fasta: Path, databases: colabfold.ColabFoldDatabases, out: Path, package: Path,
@@ -106,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
         fasta = scratch / "queries.fasta"
         fasta.write_text("".join(f">{name}\n{sequence}\n" for name, sequence in queries.items()))
 
-        seconds, _ = timed(lambda: run_colabfold_search(fasta, databases, scratch / "colabfold", package, args.threads))
-        rows.append({"contender": "colabfold_search", "seconds": round(seconds, 2)})
+        row, _ = timed("colabfold_search",
+                       lambda: run_colabfold_search(fasta, databases, scratch / "colabfold", package, args.threads))
+        rows.append(row)
         theirs = {name: (scratch / "colabfold" / f"{name}.a3m").read_text() for name in queries}
 
         chains = scratch / "unique_chains.tsv"
@@ -118,39 +116,36 @@ def run(args: argparse.Namespace) -> int:
         config = MSAStagingConfig.from_config(
             {"mode": "search", "database": args.database, "threads": args.threads, "cache_dir": str(cache)}
         )
+
         def staging() -> object:
             return stage_msas(chains, scratch / "staged" / "msa_manifest.tsv", config)
 
-        seconds, _ = timed(staging)
-        rows.append({"contender": "foldmill staging, nothing cached", "seconds": round(seconds, 2)})
+        rows.append(timed("foldmill staging, nothing cached", staging)[0])
         # the same queries again with their MSAs dropped: a second search of these databases, which
         # builds the private index first
         for path in cache.iterdir():
             if not path.name.startswith("colabfold-index"):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
-        seconds, _ = timed(staging)
-        rows.append({"contender": "foldmill staging, second search (index built)", "seconds": round(seconds, 2)})
+        rows.append(timed("foldmill staging, second search (index built)", staging)[0])
 
         indexed = colabfold.with_search_index(databases, cache, args.threads, config.index_max_gb)
         for label, searched in (("with the index", indexed), ("without an index", databases)):
             workdir = scratch / label
-            seconds, (ours, _) = timed(
-                lambda searched=searched, workdir=workdir: colabfold.search(queries, {}, searched, workdir, settings)
+            row, (ours, _) = timed(
+                f"foldmill colabfold.search, {label}",
+                lambda searched=searched, workdir=workdir: colabfold.search(queries, {}, searched, workdir, settings),
             )
             equal = sum(ours[name] == theirs[name] for name in queries)
-            rows.append({"contender": f"foldmill colabfold.search, {label}", "seconds": round(seconds, 2),
-                         "equal_to_colabfold": f"{equal}/{len(queries)}"})  # fmt: skip
+            rows.append({**row, "equal_to_colabfold": f"{equal}/{len(queries)}"})
             shutil.rmtree(scratch / label, ignore_errors=True)
 
-        seconds, _ = timed(staging)
-        rows.append({"contender": "foldmill staging, from cache", "seconds": round(seconds, 2)})
+        rows.append(timed("foldmill staging, from cache", staging)[0])
         shutil.rmtree(scratch / "colabfold", ignore_errors=True)
 
     baseline = rows[0]["seconds"]
-    for row, cpu in zip(rows, CPU_SECONDS[-len(rows) :]):
+    for row in rows:
         row["msas_per_second"] = round(len(queries) / row["seconds"], 2)
         row["speedup_vs_colabfold_search"] = round(baseline / row["seconds"], 2)
-        row["cpu_seconds"] = round(cpu, 1)
     report = {"queries": len(queries), "threads": args.threads, "database": str(databases.root), "rows": rows}
     write_text_atomic(out / "msa_bench.json", json.dumps(report, indent=1) + "\n")
     write_text_atomic(out / "msa_bench.md", markdown(report))
