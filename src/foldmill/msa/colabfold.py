@@ -119,9 +119,11 @@ class ColabFoldDatabases:
     def padded(self) -> bool:
         """Whether every database searched has a GPU (padded) layout."""
         try:
-            return all(self.search_target(name, gpu=True) is not None for name in self.names())
+            for name in self.names():
+                self.search_target(name, gpu=True)  # raises where a database has none
         except FoldmillError:
             return False
+        return True
 
     def sequences(self, name: str) -> Path:
         """What expandaln/align/result2msa read members from: the index if setup built one, else `_seq`."""
