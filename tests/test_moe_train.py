@@ -62,6 +62,29 @@ def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
         Trainer(corpus, tmp_path, other).fit()
 
 
+def test_adamw_step_with_grad_scale_is_clipping_then_torch_adamw_on_cpu():
+    from foldmill.moe.parallel.gradients import clip_factor
+    from foldmill.moe.train.optim import AdamW
+
+    torch.manual_seed(3)
+    ours, theirs = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
+    theirs.load_state_dict(ours.state_dict())
+    optimizer, reference = AdamW(ours.parameters(), lr=0.1), torch.optim.AdamW(theirs.parameters(), lr=0.1)
+    for _ in range(3):
+        batch = torch.randn(4, 16) * 50
+        ours(batch).square().sum().backward()
+        theirs(batch).square().sum().backward()
+        norm, factor = clip_factor(ours, 1.0)
+        assert factor < 1.0
+        optimizer.step(grad_scale=factor)
+        assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0))
+        reference.step()
+        optimizer.zero_grad()
+        reference.zero_grad()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_learning_rate_schedule():
     config = TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
     assert learning_rate(5, config) == pytest.approx(0.5)

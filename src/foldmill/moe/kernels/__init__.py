@@ -2,7 +2,9 @@
 
 mx_quant.py        MXFP8 quantizer (bit-exact with quant/mx_reference.py) and the one-pass exact
                    bf16 values of a tensor's MXFP8 copies in both block directions (Hopper route)
-fp8_quant.py       FP8 quantizers: row-wise, and per (expert group, column) written transposed (wgrad)
+fp8_quant.py       FP8 quantizers: row-wise, and per (expert group, column) written transposed (wgrad),
+                   or both copies from the same two passes
+adamw.py           AdamW update that applies the gradient-clipping factor as it reads each gradient
 mx_grouped_gemm.py MXFP8 grouped GEMMs: tl.dot_scaled (native block-scaled MMA, sm100 route), and
                    FP8 or bf16 MMAs per 32-wide block with scales applied in fp32 (Hopper comparison)
 swiglu.py          SwiGLU x routing weight (+ MXFP8 quantization of the output), and its backward

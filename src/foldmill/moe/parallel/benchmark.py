@@ -30,7 +30,7 @@ from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import TrainConfig
 from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel import expert_parallel
-from foldmill.moe.parallel.gradients import clip_grad_norm, reduce_expert_gradients
+from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
 from foldmill.moe.train.distributed import Dist, init_distributed, unwrap, wrap_model
 from foldmill.moe.train.loss import batch_loss
 from foldmill.moe.train.metrics import mfu
@@ -80,8 +80,8 @@ def benchmark(config: TrainConfig, vocab_size: int, warmup: int, steps: int, env
         loss = batch_loss(model, batch, config.precision, config.aux_loss_coef)
         loss.loss.backward()
         reduce_expert_gradients(unwrap(model))
-        clip_grad_norm(unwrap(model), config.grad_clip)
-        optimizer.step()
+        _, factor = clip_factor(unwrap(model), config.grad_clip)
+        optimizer.step(grad_scale=factor)
         optimizer.zero_grad(set_to_none=True)
 
     def step_seconds() -> float:

@@ -43,14 +43,17 @@ def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Te
     return total
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm before.
+def clip_factor(model: nn.Module, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global L2 norm of all gradients, min(1, max_norm / (norm + 1e-6))); the gradients are untouched.
 
-    Without sharded experts this is torch.nn.utils.clip_grad_norm_.
+    Scaling every gradient by the factor is clipping; foldmill's AdamW applies it inside its update
+    (`step(grad_scale=factor)`). Without sharded experts the norm is torch's (clip_grad_norm_'s).
     """
     experts = sharded_expert_parameters(model)
     if not experts:
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        total_norm = torch.nn.utils.get_total_norm(grads)
+        return total_norm, (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     shard = next(iter(experts.values()))[1]
     expert_ids = {id(parameter) for parameter, _ in experts.values()}
     parameters = [p for p in model.parameters() if p.grad is not None]
@@ -68,8 +71,19 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     sharded = _sum_of_squares(world_sharded, device) + _sum_of_squares(expert_sharded, device) / shard.replicas
     dist.all_reduce(sharded)
     total_norm = (_sum_of_squares(replicated, device) + sharded).sqrt()
-    scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
-    for parameter in parameters:
-        grad = local_part(parameter.grad)
-        grad.mul_(scale.to(grad.dtype))
+    return total_norm, (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale all gradients so that their global L2 norm is at most max_norm; returns the norm before.
+
+    Without sharded experts this is torch.nn.utils.clip_grad_norm_.
+    """
+    if not sharded_expert_parameters(model):
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    total_norm, factor = clip_factor(model, max_norm)
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            grad = local_part(parameter.grad)
+            grad.mul_(factor.to(grad.dtype))
     return total_norm

@@ -13,7 +13,7 @@ What a replay needs, and this code provides:
 - 8-bit weight copies remade on every replay: the copy caches are invalidated before capture, so
   the graph records the copies, and after every replay, so eager code (evaluation) never reads a
   copy of older weights.
-Clipping and the optimizer stay eager: they are a few fused multi-tensor launches.
+Clipping and the optimizer stay eager: a norm and one update kernel per parameter (train/optim.py).
 """
 
 from __future__ import annotations

@@ -6,11 +6,88 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from foldmill.moe.config import TrainConfig
+from foldmill.moe.kernels import use_triton
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW (same hyperparameters, state and checkpoints) whose step also applies the
+    gradient-clipping factor: `step(grad_scale=factor)` updates as if every gradient had been
+    multiplied by `factor` (a float32 scalar tensor) first.
+
+    On CUDA with Triton, one kernel per parameter reads the unscaled gradient and applies the
+    factor as it goes (kernels/adamw.py), instead of a clipping pass over all gradients and torch's
+    fused update; the gradients are left unscaled. Elsewhere the gradients are scaled in place and
+    torch's AdamW steps.
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale: torch.Tensor | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return loss
+        if grad_scale is not None and all(_triton_steps(p) for p in params):
+            self._triton_step(grad_scale)
+            return loss
+        if grad_scale is not None:
+            _scale_gradients([p.grad for p in params], grad_scale)
+        super().step()
+        return loss
+
+    def _triton_step(self, grad_scale: torch.Tensor) -> None:
+        from foldmill.moe.kernels.adamw import adamw_step_triton
+
+        for group in self.param_groups:
+            if group["amsgrad"] or group["maximize"]:
+                raise ValueError("foldmill's AdamW step does not implement amsgrad or maximize")
+            params = [p for p in group["params"] if p.grad is not None]
+            for param in params:
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                elif not state["step"].is_cuda:  # torch's unfused step keeps its counter on the host
+                    state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
+            if not params:
+                continue
+            torch._foreach_add_([self.state[p]["step"] for p in params], 1.0)
+            beta1, beta2 = group["betas"]
+            scale = grad_scale.to(device=params[0].device, dtype=torch.float32)
+            for param in params:
+                state = self.state[param]
+                adamw_step_triton(param, param.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], scale,
+                                  float(group["lr"]), float(beta1), float(beta2), group["eps"],
+                                  group["weight_decay"])
+
+
+def _scale_gradients(grads: list[torch.Tensor], factor: torch.Tensor) -> None:
+    """grad *= factor in place; DTensor gradients (FSDP2, sharded experts) on their own shards, since
+    they may live on different device meshes."""
+    if isinstance(factor, DTensor):
+        factor = factor.full_tensor()
+    plain = [grad for grad in grads if not isinstance(grad, DTensor)]
+    if plain:
+        torch._foreach_mul_(plain, factor.to(plain[0].device))
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            shard = grad.to_local()
+            shard.mul_(factor.to(shard.device, shard.dtype))
+
+
+def _triton_steps(param: torch.Tensor) -> bool:
+    """Whether the Triton update applies: a plain contiguous CUDA tensor and gradient."""
+    return (use_triton(param) and type(param.data) is torch.Tensor and param.is_contiguous()
+            and param.grad.is_contiguous() and param.grad.dtype == param.dtype)
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> AdamW:
     """AdamW; norms (1-D) and the embedding are not decayed. Fused on CUDA."""
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
@@ -19,7 +96,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         (no_decay if parameter.ndim < 2 or "embedding" in name else decay).append(parameter)
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = all(p.is_cuda for p in decay + no_decay)
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused or None)
+    return AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused or None)
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:

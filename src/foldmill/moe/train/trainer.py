@@ -22,7 +22,7 @@ from foldmill.moe.config import ModelConfig, TrainConfig, model_config
 from foldmill.moe.data.corpus import load_meta
 from foldmill.moe.data.loader import BatchSampler, PackedWindows
 from foldmill.moe.model.decoder import MoEDecoder
-from foldmill.moe.parallel.gradients import clip_grad_norm, reduce_expert_gradients
+from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
 from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from foldmill.moe.train.compile import compile_dense_blocks
 from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
@@ -123,8 +123,8 @@ class Trainer:
             loss, cross_entropy, load = self._loss_and_metrics(batch)
             loss.backward()
         reduce_expert_gradients(unwrap(self.model))
-        grad_norm = clip_grad_norm(unwrap(self.model), self.config.grad_clip)
-        self.optimizer.step()
+        grad_norm, factor = clip_factor(unwrap(self.model), self.config.grad_clip)
+        self.optimizer.step(grad_scale=factor)  # clips as it updates
         # A captured backward writes into the same gradient tensors on every replay: keep them.
         if self.captured is None:
             self.optimizer.zero_grad(set_to_none=True)
