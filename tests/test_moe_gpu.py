@@ -159,6 +159,69 @@ def test_fp8_group_column_kernels_match_torch():
     assert float((data.cpu().float() - want_data.float()).abs().max()) <= 448 * 2**-3
 
 
+def test_fp8_combined_quantizer_matches_the_separate_kernels():
+    from foldmill.moe.kernels.fp8_quant import (
+        quantize_group_columns_triton,
+        quantize_rows_and_group_columns_triton,
+        quantize_rowwise_triton,
+        quantize_weight_columns_triton,
+        quantize_weight_copies_triton,
+    )
+
+    generator = torch.Generator().manual_seed(8)
+    sizes = [64, 0, 112, 48, 1040]
+    x = torch.cat([torch.randn(s, 200, generator=generator) * 10.0 ** (g - 2) for g, s in enumerate(sizes)])
+    x = torch.cat([x, torch.randn(16, 200, generator=generator)]).bfloat16().to(CUDA)  # 16 padding rows
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32).to(CUDA)
+    end = int(ends[-1])
+    (row_data, row_scale), (data, scale) = quantize_rows_and_group_columns_triton(x, ends)
+    want_rows, want_row_scale = quantize_rowwise_triton(x)
+    want_data, want_scale = quantize_group_columns_triton(x, ends)
+    assert torch.equal(row_data[:end].view(torch.uint8), want_rows[:end].view(torch.uint8))
+    assert torch.equal(row_scale[:end], want_row_scale[:end])
+    assert torch.equal(data[:, :end].view(torch.uint8), want_data[:, :end].view(torch.uint8))
+    assert torch.equal(scale, want_scale)
+    weight = (torch.randn(3, 96, 200, generator=generator) * torch.linspace(0.01, 10, 200)).bfloat16().to(CUDA)
+    (forward, forward_scale), (dgrad, dgrad_scale) = quantize_weight_copies_triton(weight)
+    want_forward, want_forward_scale = quantize_rowwise_triton(weight)
+    want_dgrad, want_dgrad_scale = quantize_weight_columns_triton(weight)
+    assert torch.equal(forward.view(torch.uint8), want_forward.view(torch.uint8))
+    assert torch.equal(forward_scale, want_forward_scale)
+    assert torch.equal(dgrad.view(torch.uint8), want_dgrad.view(torch.uint8))
+    assert torch.equal(dgrad_scale, want_dgrad_scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adamw_kernel_with_clip_factor_matches_torch_clipping_and_adamw(dtype):
+    from foldmill.moe.train.optim import AdamW
+
+    torch.manual_seed(9)
+    shapes = [(3, 257, 129), (4099,), (64, 64)]
+    ours = [torch.nn.Parameter(torch.randn(shape, device=CUDA).to(dtype)) for shape in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+
+    def groups(params):
+        return [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}]
+
+    optimizer = AdamW(groups(ours), lr=1e-2, betas=(0.9, 0.95), fused=True)
+    reference = torch.optim.AdamW(groups(theirs), lr=1e-2, betas=(0.9, 0.95), fused=True)
+    for step in range(4):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a) * (3.0 if step % 2 else 1e-3)  # clipped on odd steps only
+            b.grad = a.grad.clone()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in ours])
+        optimizer.step(grad_scale=(1.0 / (norm + 1e-6)).clamp(max=1.0))
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        reference.step()
+    eps = torch.finfo(dtype).eps
+    for a, b in zip(ours, theirs):
+        # The same float32 update, rounded differently by an ulp or so on each of the 4 steps.
+        assert float((a.float() - b.float()).abs().max()) <= 8 * eps * float(b.float().abs().max())
+        assert torch.equal(optimizer.state[a]["step"], reference.state[b]["step"])
+        state, want = optimizer.state[a]["exp_avg_sq"].float(), reference.state[b]["exp_avg_sq"].float()
+        assert float((state - want).abs().max()) <= 4 * eps * float(want.abs().max())
+
+
 def test_fp8_weight_gradient_gemm_matches_emulation_with_an_empty_group():
     from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
     from foldmill.moe.quant.fp8 import quantize_group_columns
@@ -170,8 +233,10 @@ def test_fp8_weight_gradient_gemm_matches_emulation_with_an_empty_group():
     ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
     gemm = Fp8RowwiseGemm()
     on_gpu = (dy.bfloat16().to(CUDA), x.bfloat16().to(CUDA), ends.to(CUDA))
-    got = gemm.wgrad(on_gpu[0], quantize_group_columns(on_gpu[1], on_gpu[2]), on_gpu[2])
-    want = gemm.wgrad(dy.bfloat16(), quantize_group_columns(x.bfloat16(), ends), ends)
+    got = gemm.wgrad(quantize_group_columns(on_gpu[0], on_gpu[2]), quantize_group_columns(on_gpu[1], on_gpu[2]),
+                     on_gpu[2], torch.bfloat16)
+    want = gemm.wgrad(quantize_group_columns(dy.bfloat16(), ends), quantize_group_columns(x.bfloat16(), ends), ends,
+                      torch.bfloat16)
     assert torch.count_nonzero(got[1]) == 0
     for group in (0, 2, 3):
         assert float((got[group].cpu().float() - want[group].float()).norm() / want[group].float().norm()) < 1e-2

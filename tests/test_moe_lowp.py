@@ -64,7 +64,7 @@ def test_fp8_group_column_scales_factor_out_of_the_weight_gradient():
     dy, ends = grouped_rows([32, 0, 48, 16], 24, generator)
     x = torch.randn(dy.shape[0], 40, generator=generator)
     gemm = Fp8RowwiseGemm()
-    got = gemm.wgrad(dy, quantize_group_columns(x, ends), ends)
+    got = gemm.wgrad(quantize_group_columns(dy, ends), quantize_group_columns(x, ends), ends, dy.dtype)
     want = F.grouped_mm(dy.t().contiguous(), x, offs=ends)
     assert torch.count_nonzero(got[1]) == 0  # the empty group's gradient
     for group in (0, 2, 3):
@@ -100,9 +100,9 @@ def test_fp8_backend_quantizes_each_weight_once_per_version():
     x = torch.randn(64, 64)
     ends = torch.tensor([32, 64], dtype=torch.int32)
     y, saved = gemm.forward(x, weight, ends)
-    first = gemm.weights.get("forward", weight, lambda t: pytest.fail("weight was quantized again"))
+    first = gemm.weights.get("copies", weight, lambda t: pytest.fail("weight was quantized again"))
     gemm.forward(x, weight, ends)
-    assert gemm.weights.get("forward", weight, lambda t: pytest.fail("weight was quantized again")) is first
+    assert gemm.weights.get("copies", weight, lambda t: pytest.fail("weight was quantized again")) is first
     assert relative(y, F.grouped_mm(x, weight.detach().transpose(-2, -1), offs=ends)) < 0.06
     assert saved[0].dtype == torch.float8_e4m3fn  # x is kept for wgrad in 8 bits, not in fp32
 
@@ -150,7 +150,7 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 COMPILE_CASES = {
-    # kernel name: (module, pointer dtypes, integer arguments, constants)
+    # kernel name: (module, pointer dtypes, integer arguments, constants[, float arguments[, (warps, stages)]])
     "_dual_kernel": (
         "foldmill.moe.kernels.mx_quant",
         {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
@@ -172,15 +172,37 @@ COMPILE_CASES = {
     ),
     "_partial_amax_kernel": (
         "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32"},
+        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "row_amax_ptr": "*fp32", "ends_ptr": "*i32"},
         ("cols", "stride_r", "chunks"),
-        {"CHUNK": 256, "BLOCK_R": 64, "BLOCK_C": 128},
+        {"ROWWISE": True, "CHUNK": 1024, "BLOCK_R": 128, "BLOCK_C": 32},
+        None,
+        (4, 2),
     ),
     "_chunk_cast_kernel": (
         "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+         "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
         ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
-        {"LOCAL_ROWS": 0, "CHUNK": 256, "CHUNKS": 64, "BLOCK_R": 64, "BLOCK_C": 128},
+        {"ROWWISE": True, "LOCAL_ROWS": 0, "CHUNK": 1024, "CHUNKS": 16, "BLOCK_R": 128, "BLOCK_C": 32},
+        None,
+        (4, 2),
+    ),
+    "_chunk_cast_kernel[weights]": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+         "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
+        ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
+        {"ROWWISE": True, "LOCAL_ROWS": 1, "CHUNK": 1024, "CHUNKS": 64, "BLOCK_R": 128, "BLOCK_C": 32},
+        None,
+        (4, 2),
+    ),
+    "_adamw_kernel": (
+        "foldmill.moe.kernels.adamw",
+        {"param_ptr": "*bf16", "grad_ptr": "*bf16", "exp_avg_ptr": "*bf16", "exp_avg_sq_ptr": "*bf16",
+         "step_ptr": "*fp32", "grad_scale_ptr": "*fp32"},
+        ("numel",),
+        {"BLOCK": 1024},
+        {"lr": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32", "weight_decay": "fp32"},
     ),
 }
 
@@ -194,9 +216,13 @@ def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
 
     if not HAS_TRITON:
         pytest.skip("triton not installed")
-    module, pointers, integers, constants = COMPILE_CASES[name]
-    kernel = getattr(importlib.import_module(module), name)
-    signature = {**pointers, **dict.fromkeys(integers, "i32")}
-    compiled = sm90_compiled(kernel, signature, constants, num_warps=4, num_stages=3, divisible_by_16=list(pointers))
+    module, pointers, integers, constants, *options = COMPILE_CASES[name]
+    floats = options[0] if options else None
+    num_warps, num_stages = options[1] if len(options) > 1 else (4, 3)
+    kernel = getattr(importlib.import_module(module), name.split("[")[0])
+    signature = {**pointers, **dict.fromkeys(integers, "i32"), **(floats or {})}
+    signature = {arg: signature[arg] for arg in kernel.arg_names if arg in signature}
+    compiled = sm90_compiled(kernel, signature, constants, num_warps=num_warps, num_stages=num_stages,
+                             divisible_by_16=list(pointers))
     assert compiled.metadata.shared <= 228 * 1024
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers

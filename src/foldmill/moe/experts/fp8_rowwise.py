@@ -4,8 +4,11 @@ forward  y = x w^T    x row-wise over K, w row-wise over K (per expert output ro
 dgrad    dx = dy w    dy row-wise over N, w per (expert, k) over N
 wgrad    dw = dy^T x  dy and x per (expert group, column) over the group's tokens: constant within
                       each expert's sum over tokens, so the scales factor out of it
-The weights' two copies are quantized once per optimizer step (experts.weights.WeightCache); x's
-weight-gradient copy is made in the forward pass and saved instead of x. Off CUDA the GEMMs are
+Every operand is needed in two layouts: x row-wise (forward) and per group column (wgrad), dy
+row-wise (dgrad) and per group column (wgrad), w row-wise (forward) and per (expert, k) (dgrad).
+One quantizer call makes both from the same reads. The weights' copies are made once per optimizer
+step (experts.weights.WeightCache); x's weight-gradient copy is made in the forward pass and saved
+instead of x. Off CUDA the GEMMs are
 emulated (dequantize, then the same grouped GEMM in float32), which gives the same numbers up to
 fp32 rounding.
 """
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from foldmill.moe.experts.weights import WeightCache
-from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise, quantize_weight_columns
+from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_rowwise, quantize_weight_copies
 
 
 def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -59,21 +62,23 @@ class Fp8RowwiseGemm:
         self.weights = WeightCache()
 
     def forward(self, x, w, ends):
-        x_data, x_scale = quantize_rowwise(x)
-        w_data, w_scale = self.weights.get("forward", w, quantize_rowwise)
+        (x_data, x_scale), x_columns = quantize_rows_and_group_columns(x, ends)
+        (w_data, w_scale), _ = self.weights.get("copies", w, quantize_weight_copies)
         y = scaled_grouped_mm(x_data, x_scale, w_data.transpose(-2, -1), w_scale, ends, x.dtype)
-        return y, quantize_group_columns(x, ends)
+        return y, x_columns
 
     def backward(self, dy, w, saved, ends):
-        return self.dgrad(dy, w, ends), self.wgrad(dy, saved, ends)
+        dy_rows, dy_columns = quantize_rows_and_group_columns(dy, ends)
+        return self.dgrad(dy_rows, w, ends, dy.dtype), self.wgrad(dy_columns, saved, ends, dy.dtype)
 
-    def dgrad(self, dy, w, ends):
-        dy_data, dy_scale = quantize_rowwise(dy)
-        wt_data, wt_scale = self.weights.get("dgrad", w, quantize_weight_columns)
-        return scaled_grouped_mm(dy_data, dy_scale, wt_data.transpose(-2, -1), wt_scale, ends, dy.dtype)
+    def dgrad(self, dy_rows, w, ends, out_dtype):
+        """dy_rows: dy's row-wise copy."""
+        dy_data, dy_scale = dy_rows
+        _, (wt_data, wt_scale) = self.weights.get("copies", w, quantize_weight_copies)
+        return scaled_grouped_mm(dy_data, dy_scale, wt_data.transpose(-2, -1), wt_scale, ends, out_dtype)
 
-    def wgrad(self, dy, saved, ends):
-        """saved: x's (elements (K, rows), scales) from quantize_group_columns."""
+    def wgrad(self, dy_columns, saved, ends, out_dtype):
+        """dy_columns, saved: dy's and x's (elements (C, rows), scales) per (group, column)."""
+        dy_data, dy_scale = dy_columns
         x_data, x_scale = saved
-        dy_data, dy_scale = quantize_group_columns(dy, ends)
-        return scaled_grouped_mm(dy_data, dy_scale, x_data.t(), x_scale, ends, dy.dtype)
+        return scaled_grouped_mm(dy_data, dy_scale, x_data.t(), x_scale, ends, out_dtype)

@@ -90,6 +90,12 @@ def mx_grouped_mm_wgrad(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype:
     return F.grouped_mm(a.dequantize(), b.dequantize().t(), offs=ends).to(out_dtype)
 
 
+def _weight_copies(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact values of w's MXFP8 copies blocked along K (forward) and along N (dgrad), from one read."""
+    along_k, along_n, _ = round_trip(weight, along_cols=True, along_rows=True)
+    return along_k, along_n
+
+
 class MXFP8Gemm:
     name = "mxfp8"
     pad_multiple = BLOCK
@@ -103,7 +109,7 @@ class MXFP8Gemm:
             w_mx = self.weights.get("forward", w, quantize)
             return mx_grouped_mm(quantize(x), w_mx, ends, x.dtype), x
         x_values, _, x_saved = round_trip(x, along_cols=True, along_rows=False, keep_along_rows=True)
-        w_values = self.weights.get("forward", w, lambda t: round_trip(t, along_cols=True, along_rows=False)[0])
+        w_values, _ = self.weights.get("copies", w, _weight_copies)
         return F.grouped_mm(x_values, w_values.transpose(-2, -1), offs=ends).to(x.dtype), x_saved
 
     def backward(self, dy, w, saved, ends):
@@ -112,7 +118,7 @@ class MXFP8Gemm:
             dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
             return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
         dy_along_n, dy_along_tokens, _ = round_trip(dy, along_cols=True, along_rows=True)
-        w_along_n = self.weights.get("dgrad", w, lambda t: round_trip(t, along_cols=False, along_rows=True)[1])
+        _, w_along_n = self.weights.get("copies", w, _weight_copies)
         dx = F.grouped_mm(dy_along_n, w_along_n, offs=ends).to(dy.dtype)
         dw = F.grouped_mm(dy_along_tokens.t(), along_rows_values(saved), offs=ends).to(dy.dtype)
         return dx, dw

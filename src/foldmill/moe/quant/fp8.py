@@ -61,3 +61,24 @@ def quantize_weight_columns(weight: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
         return quantize_weight_columns_triton(weight)
     return quantize_rowwise(weight.transpose(-2, -1))
+
+
+def quantize_rows_and_group_columns(values: torch.Tensor, ends: torch.Tensor):
+    """(quantize_rowwise(x), quantize_group_columns(x, ends)): every activation of the FP8 backend
+    feeds one GEMM row-wise and the weight gradient per group column. On CUDA one kernel pair makes
+    both; rows past ends[-1] may then be left unset."""
+    if use_triton(values):
+        from foldmill.moe.kernels.fp8_quant import quantize_rows_and_group_columns_triton
+
+        return quantize_rows_and_group_columns_triton(values, ends)
+    return quantize_rowwise(values), quantize_group_columns(values, ends)
+
+
+def quantize_weight_copies(weight: torch.Tensor):
+    """(quantize_rowwise(w), quantize_weight_columns(w)): the forward and dgrad copies of w
+    (experts, N, K), made together once per optimizer step."""
+    if use_triton(weight):
+        from foldmill.moe.kernels.fp8_quant import quantize_weight_copies_triton
+
+        return quantize_weight_copies_triton(weight)
+    return quantize_rowwise(weight), quantize_weight_columns(weight)
