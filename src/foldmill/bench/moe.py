@@ -118,7 +118,12 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
 
     from foldmill.moe.experts import get_backend
     from foldmill.moe.experts.mxfp8 import mx_grouped_mm, quantize, round_trip
-    from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise, quantize_weight_columns
+    from foldmill.moe.quant.fp8 import (
+        quantize_group_columns,
+        quantize_rowwise,
+        quantize_weight_columns,
+        quantize_weight_copies,
+    )
 
     results: list[dict] = []
     for shape_index, (experts, rows_per_expert, k, n) in enumerate(GEMM_SHAPES):
@@ -151,10 +156,10 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
             record(f"foldmill {name} backward (dgrad + wgrad)", lambda: gemm.backward(dy, w, saved, ends),
                    PRECISION[name], passes=2)
             del out, saved
-        fp8_weights = lambda: (quantize_rowwise(w), quantize_weight_columns(w))  # noqa: E731
-        record("fp8 weight copies, both layouts (once per optimizer step)", fp8_weights, "fp8", passes=0)
-        mx_weights = lambda: (round_trip(w, True, False), round_trip(w, False, True))  # noqa: E731
-        record("mxfp8 weight copies, both layouts (once per optimizer step)", mx_weights, "fp8", passes=0)
+        record("fp8 weight copies, both layouts (once per optimizer step)", lambda: quantize_weight_copies(w), "fp8",
+               passes=0)
+        record("mxfp8 weight copies, both layouts (once per optimizer step)", lambda: round_trip(w, True, True), "fp8",
+               passes=0)
 
         # The building blocks alone: library GEMMs on ready operands.
         record("torch grouped_mm bf16 fwd", lambda: F.grouped_mm(x, w.transpose(-2, -1), offs=ends), "bf16")
@@ -292,9 +297,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.parallel.gradients import clip_factor
     from foldmill.moe.train.compile import compile_dense_blocks
     from foldmill.moe.train.graphs import CapturedForwardBackward
     from foldmill.moe.train.metrics import flops_per_token
+    from foldmill.moe.train.optim import AdamW
 
     config = model_config(name, max_seq_len=seq_len, **({"num_layers": layers} if layers else {}))
     device = torch.device("cuda")
@@ -316,23 +323,35 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         logits = model(batch[:, :-1], documents if masked else None).logits
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
-    def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool) -> Callable[[], None]:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool,
+                      torch_optimizer: bool) -> Callable[[], None]:
+        """One training step: HF rows (and torch_optimizer) clip with torch and step torch's fused AdamW;
+        foldmill rows clip inside foldmill's AdamW update, as the trainer does."""
+        if hf or torch_optimizer:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+            def update() -> None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+        else:
+            optimizer = AdamW(model.parameters(), lr=1e-4, fused=True)
+
+            def update() -> None:
+                optimizer.step(grad_scale=clip_factor(model, 1.0)[1])
+
         if graphed:  # what the trainer does with moe.cuda_graphs
             captured = CapturedForwardBackward(lambda batch: (loss_of(model, hf, masked, batch),),
                                                list(model.parameters()))
 
             def graphed_step() -> None:
                 captured(data)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                update()
 
             return graphed_step
 
         def step() -> None:
             loss_of(model, hf, masked).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            update()
             optimizer.zero_grad(set_to_none=True)
 
         return step
@@ -349,10 +368,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return round(kept / 2**30, 2)
 
     def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]], precision: str,
-            masked: bool = False, graphed: bool = False) -> None:
+            masked: bool = False, graphed: bool = False, torch_optimizer: bool = False) -> None:
         def measure() -> dict:
             model, hf = build()
-            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed), repeats, warmup=3)
+            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer), repeats, warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
                     "activation_gib": activation_gib(model, hf, masked)}
@@ -384,6 +403,8 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), PRECISION[backend],
             graphed=True)
     if "grouped" in backends:
+        row("foldmill grouped, CUDA graph, torch's clipping + fused AdamW", foldmill_model("grouped"), "bf16",
+            graphed=True, torch_optimizer=True)
         row("foldmill grouped, dense blocks compiled (moe.compile)", foldmill_model("grouped", compiled=True), "bf16")
         # Same FLOP count as the causal rows (the masked-out blocks are not subtracted).
         row("foldmill grouped, document-masked (records of 50-800 tokens)", foldmill_model("grouped"), "bf16",
