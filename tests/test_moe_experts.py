@@ -90,6 +90,45 @@ def test_backends_agree_with_each_other_on_cpu():
     assert 1e-3 < relative(outputs["mxfp8"], outputs["loop"]) < 0.1
 
 
+def gradients_with_and_without_recompute(backend, device, dtype, hidden=64, ffn=128, tokens=96):
+    """{recompute: (output, x.grad, parameter grads)} of one MoE block, same weights and inputs, and
+    {recompute: number of values the forward saved for the backward through autograd}."""
+    results, saved = {}, {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        config = ModelConfig(hidden_size=hidden, ffn_size=ffn, num_experts=4, top_k=2, expert_backend=backend,
+                             recompute_experts=recompute)
+        block = MoEBlock(config).to(device=device, dtype=dtype)
+        for parameter in block.parameters():
+            torch.nn.init.normal_(parameter, std=0.5 / hidden**0.5)
+        x = torch.randn(tokens, hidden, device=device, dtype=dtype).requires_grad_()
+        saved[recompute] = 0
+
+        def count(tensor: torch.Tensor, key: bool = recompute) -> torch.Tensor:
+            saved[key] += tensor.numel()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+            out = block(x).hidden
+        out.backward(torch.randn_like(out))
+        results[recompute] = [out, x.grad] + [p.grad for p in block.parameters()]
+    return results, saved
+
+
+@pytest.mark.parametrize("backend", ["loop", "grouped", "fp8_rowwise", "mxfp8"])
+def test_recomputed_expert_hidden_gives_the_same_gradients(backend):
+    """moe.recompute_experts runs the first expert GEMM again in the backward: same operands, same
+    kernels, so every gradient is bit-identical to keeping its output."""
+    results, saved = gradients_with_and_without_recompute(backend, torch.device("cpu"), torch.float32)
+    for kept, recomputed in zip(results[False], results[True]):
+        assert torch.equal(kept, recomputed)
+    assert results[True][1].abs().sum() > 0
+    # The first GEMM's output (rows x 2F = 256) is no longer kept, its input (rows x 64) is: 192 rows,
+    # or more where the backend pads each expert's group.
+    rows, remainder = divmod(saved[False] - saved[True], 256 - 64)
+    assert remainder == 0 and rows >= 192
+
+
 def test_routing_plan_pads_groups_and_round_trips_tokens():
     torch.manual_seed(3)
     experts = torch.randint(0, 5, (37, 2))

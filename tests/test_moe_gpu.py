@@ -104,6 +104,15 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
 
 
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
+def test_recomputed_expert_hidden_gives_the_same_gradients_on_gpu(backend):
+    from test_moe_experts import gradients_with_and_without_recompute
+
+    results, _ = gradients_with_and_without_recompute(backend, CUDA, torch.bfloat16, hidden=256, ffn=512, tokens=2048)
+    for kept, recomputed in zip(results[False], results[True]):
+        assert torch.equal(kept, recomputed)
+
+
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
     """Bit-identical bf16 values, NaN wherever the other has NaN (NaN sign and payload aside)."""
     got, want = got.cpu(), want.cpu().contiguous()

@@ -136,5 +136,5 @@ def test_train_arguments_round_trip_through_the_command_line_parser():
     register(parser.add_subparsers())
     args = parser.parse_args(train_arguments("corpus", "run", config))
     assert config_from_args(args, TrainConfig) == config
-    turned_on = TrainConfig(compile=True, cuda_graphs=True)
+    turned_on = TrainConfig(compile=True, cuda_graphs=True, recompute_experts=True)
     assert config_from_args(parser.parse_args(train_arguments("corpus", "run", turned_on)), TrainConfig) == turned_on

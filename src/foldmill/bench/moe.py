@@ -387,10 +387,12 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    def foldmill_model(backend: str, compiled: bool = False) -> Callable[[], tuple[torch.nn.Module, bool]]:
+    def foldmill_model(backend: str, compiled: bool = False,
+                       recompute: bool = False) -> Callable[[], tuple[torch.nn.Module, bool]]:
         def build() -> tuple[torch.nn.Module, bool]:
             with torch.device(device):
-                model = MoEDecoder(dataclasses.replace(config, expert_backend=backend)).to(torch.bfloat16)
+                model_config = dataclasses.replace(config, expert_backend=backend, recompute_experts=recompute)
+                model = MoEDecoder(model_config).to(torch.bfloat16)
             return (compile_dense_blocks(model) if compiled else model), False
 
         return build
@@ -402,6 +404,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), PRECISION[backend],
             graphed=True)
+    for backend in backends:
+        row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
+            foldmill_model(backend, recompute=True), PRECISION[backend], graphed=True)
     if "grouped" in backends:
         row("foldmill grouped, CUDA graph, torch's clipping + fused AdamW", foldmill_model("grouped"), "bf16",
             graphed=True, torch_optimizer=True)

@@ -24,6 +24,9 @@ class ModelConfig:
     # Switch-style load-balancing loss weight (0 turns it off).
     aux_loss_coef: float = 0.01
     expert_backend: str = "grouped"
+    # Keep each expert MLP's input instead of its first GEMM's output for the backward pass, and
+    # run that GEMM again there (experts.mlp): less activation memory for one more GEMM per layer.
+    recompute_experts: bool = False
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -81,6 +84,7 @@ def model_config(name: str, **overrides: object) -> ModelConfig:
 class TrainConfig:
     model: str = "tiny"
     expert_backend: str = "grouped"
+    recompute_experts: bool = False  # ModelConfig.recompute_experts
     steps: int = 100
     batch_size: int = 8  # sequences per GPU (per process) and step
     seq_len: int = 128

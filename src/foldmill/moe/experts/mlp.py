@@ -4,6 +4,10 @@ forward:  h = GEMM(x, w13);  a = silu(h_gate) * h_up * p;  y = GEMM(a, w2)
 backward: (da, dw2) = GEMM'(dy, w2, a);  (dh, dp) = SwiGLU'(h, p, da);  (dx, dw13) = GEMM'(dh, w13, x)
 Which GEMMs run (bf16 loop or grouped, FP8, MXFP8) is the backend's business; so is the form in
 which x and a are kept for the weight gradients (8-bit backends keep them quantized).
+
+With `recompute`, the forward keeps x instead of h (rows x 2F, the largest activation of the step)
+and x's 8-bit copy, and the backward runs the first GEMM again: the same operands through the same
+deterministic kernels give the same h, for one more GEMM per layer.
 """
 
 from __future__ import annotations
@@ -16,32 +20,35 @@ from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 
 class GroupedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, row_probs, w13, w2, ends, gemm: ExpertGemm):
+    def forward(ctx, x, row_probs, w13, w2, ends, gemm: ExpertGemm, recompute: bool):
         h, x_saved = gemm.forward(x, w13, ends)
         a, _ = swiglu_forward(h, row_probs, quantize=False)
         y, a_saved = gemm.forward(a, w2, ends)
-        ctx.gemm = gemm
+        ctx.gemm, ctx.recompute = gemm, recompute
         # Backend-specific forms of x and a may be tuples or MXFP8 tensors: kept on ctx.
-        ctx.x_saved, ctx.a_saved = x_saved, a_saved
-        ctx.save_for_backward(row_probs, w13, w2, ends, h)
+        ctx.x_saved, ctx.a_saved = (None if recompute else x_saved), a_saved
+        ctx.save_for_backward(row_probs, w13, w2, ends, x if recompute else h)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        row_probs, w13, w2, ends, h = ctx.saved_tensors
+        row_probs, w13, w2, ends, kept = ctx.saved_tensors
         gemm = ctx.gemm
+        h, x_saved = gemm.forward(kept, w13, ends) if ctx.recompute else (kept, ctx.x_saved)
         grad_a, grad_w2 = gemm.backward(grad_y.contiguous(), w2, ctx.a_saved, ends)
         grad_h, grad_probs = swiglu_backward(h, row_probs, grad_a)
-        grad_x, grad_w13 = gemm.backward(grad_h, w13, ctx.x_saved, ends)
+        grad_x, grad_w13 = gemm.backward(grad_h, w13, x_saved, ends)
         ctx.x_saved = ctx.a_saved = None
-        return grad_x, grad_probs.to(row_probs.dtype), grad_w13, grad_w2, None, None
+        return grad_x, grad_probs.to(row_probs.dtype), grad_w13, grad_w2, None, None, None
 
 
 def grouped_swiglu_experts(
-    x: torch.Tensor, row_probs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ends: torch.Tensor, gemm: ExpertGemm
+    x: torch.Tensor, row_probs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ends: torch.Tensor, gemm: ExpertGemm,
+    recompute: bool = False,
 ) -> torch.Tensor:
     """Expert outputs (rows, H), already scaled by each row's routing weight.
 
     x (rows, H) sorted by expert; w13 (experts, 2F, H) = [gate; up]; w2 (experts, H, F).
+    `recompute`: keep x rather than the first GEMM's output for the backward (see the module doc).
     """
-    return GroupedSwiGLUExperts.apply(x, row_probs, w13, w2, ends, gemm)
+    return GroupedSwiGLUExperts.apply(x, row_probs, w13, w2, ends, gemm, recompute)

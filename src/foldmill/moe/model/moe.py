@@ -43,6 +43,7 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))  # [gate; up]
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.backend = get_backend(config.expert_backend)
+        self.recompute = config.recompute_experts
         self.shard: ExpertShard | None = None
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -51,10 +52,12 @@ class Experts(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             x, w13, w2 = x.to(dtype), self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
             if self.shard is not None:
-                return expert_parallel_experts(x, weights, experts, w13, w2, self.backend, self.shard)
+                return expert_parallel_experts(x, weights, experts, w13, w2, self.backend, self.shard,
+                                               self.recompute)
             plan = plan_routing(experts, w13.shape[0], self.backend.pad_multiple, self.backend.nonempty_groups)
             rows, row_probs = permute_tokens(x, weights, plan)
-            out_rows = grouped_swiglu_experts(rows, row_probs, w13, w2, plan.group_ends, self.backend)
+            out_rows = grouped_swiglu_experts(rows, row_probs, w13, w2, plan.group_ends, self.backend,
+                                              self.recompute)
             return unpermute_tokens(out_rows, plan)
 
 

@@ -64,12 +64,13 @@ def exchange_counts(tokens_per_expert: torch.Tensor, shard: ExpertShard) -> torc
 
 def expert_parallel_experts(
     x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-    backend: ExpertGemm, shard: ExpertShard,
+    backend: ExpertGemm, shard: ExpertShard, recompute: bool = False,
 ) -> torch.Tensor:
     """(tokens, H): the weighted sum of each token's top_k expert outputs, wherever the experts live.
 
     x (tokens, H); weights, experts (tokens, top_k) over all E experts; w13 (E/P, 2F, H) and
-    w2 (E/P, H, F) this rank's experts (or global-shape DTensors holding them).
+    w2 (E/P, H, F) this rank's experts (or global-shape DTensors holding them); `recompute` as in
+    experts.mlp.
     """
     w13, w2 = local_part(w13), local_part(w2)
     local_experts = w13.shape[0]
@@ -83,7 +84,7 @@ def expert_parallel_experts(
     received_probs = AllToAll.apply(row_probs, send_splits, receive_splits, shard.group)
 
     if received_rows.shape[0]:
-        out = run_local_experts(received_rows, received_probs, received_counts, w13, w2, backend)
+        out = run_local_experts(received_rows, received_probs, received_counts, w13, w2, backend, recompute)
     else:
         out = nothing_received(received_rows, received_probs, w13, w2)
     returned = AllToAll.apply(out, receive_splits, send_splits, shard.group)
@@ -92,7 +93,7 @@ def expert_parallel_experts(
 
 def run_local_experts(
     rows: torch.Tensor, probs: torch.Tensor, counts: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-    backend: ExpertGemm,
+    backend: ExpertGemm, recompute: bool = False,
 ) -> torch.Tensor:
     """Outputs (rows, H) for received rows ordered by (source rank, local expert), `counts` (P, E/P)."""
     local_experts = w13.shape[0]
@@ -100,7 +101,7 @@ def run_local_experts(
     local_expert = local_expert.repeat_interleave(counts.reshape(-1), output_size=rows.shape[0])
     plan = plan_routing(local_expert.unsqueeze(1), local_experts, backend.pad_multiple, backend.nonempty_groups)
     expert_rows, expert_probs = permute_tokens(rows, probs.unsqueeze(1), plan)
-    out = grouped_swiglu_experts(expert_rows, expert_probs, w13, w2, plan.group_ends, backend)
+    out = grouped_swiglu_experts(expert_rows, expert_probs, w13, w2, plan.group_ends, backend, recompute)
     return unpermute_tokens(out, plan)
 
 

@@ -40,7 +40,8 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
     base = model_config(config.model, **(overrides or {}))
     return dataclasses.replace(
         base, vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, config.seq_len),
-        expert_backend=config.expert_backend, aux_loss_coef=config.aux_loss_coef,
+        expert_backend=config.expert_backend, recompute_experts=config.recompute_experts,
+        aux_loss_coef=config.aux_loss_coef,
     )
 
 
