@@ -151,18 +151,40 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, float arguments[, (warps, stages)]])
-    "_dual_kernel": (
+    "_dual_kernel[weights and dy]": (
+        "foldmill.moe.kernels.mx_quant",
+        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
+         "mx_scale_ptr": "*u8"},
+        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": False, "BLOCK_C": 64},
+        None,
+        (2, 3),  # mx_quant._DUAL_BLOCK_C, _DUAL_WARPS
+    ),
+    "_dual_kernel[x and a]": (
+        "foldmill.moe.kernels.mx_quant",
+        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
+         "mx_scale_ptr": "*u8"},
+        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": False, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
+        None,
+        (2, 3),  # mx_quant._DUAL_BLOCK_C, _DUAL_WARPS
+    ),
+    "_dual_kernel[all three]": (
         "foldmill.moe.kernels.mx_quant",
         {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
          "mx_scale_ptr": "*u8"},
         ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
         {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
+        None,
+        (4, 3),  # 4 warps for all three outputs
     ),
     "_dequantize_rows_kernel": (
         "foldmill.moe.kernels.mx_quant",
         {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},
         ("rows", "cols"),
-        {"BLOCK_C": 64},
+        {"BLOCK_C": 256},
+        None,
+        (2, 3),  # mx_quant._DEQUANT_BLOCK_C, _DEQUANT_WARPS
     ),
     "_rope_kernel": (
         "foldmill.moe.kernels.rope",
