@@ -151,33 +151,21 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, float arguments[, (warps, stages)]])
-    "_dual_kernel[weights and dy]": (
-        "foldmill.moe.kernels.mx_quant",
-        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
-         "mx_scale_ptr": "*u8"},
-        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
-        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": False, "BLOCK_C": 64},
-        None,
-        (2, 3),  # mx_quant._DUAL_BLOCK_C, _DUAL_WARPS
-    ),
-    "_dual_kernel[x and a]": (
-        "foldmill.moe.kernels.mx_quant",
-        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
-         "mx_scale_ptr": "*u8"},
-        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
-        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": False, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
-        None,
-        (2, 3),  # mx_quant._DUAL_BLOCK_C, _DUAL_WARPS
-    ),
-    "_dual_kernel[all three]": (
-        "foldmill.moe.kernels.mx_quant",
-        {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
-         "mx_scale_ptr": "*u8"},
-        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
-        {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": True, "ALONG_ROWS_MX": True, "BLOCK_C": 64},
-        None,
-        (4, 3),  # 4 warps for all three outputs
-    ),
+    # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton
+    # launches them with (mx_quant._DUAL_BLOCK_C, _DUAL_WARPS; 4 warps for all three outputs).
+    **{
+        f"_dual_kernel[{name}]": (
+            "foldmill.moe.kernels.mx_quant",
+            {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
+             "mx_scale_ptr": "*u8"},
+            ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+            {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": along_rows, "ALONG_ROWS_MX": keep, "BLOCK_C": 64},
+            None,
+            (warps, 3),
+        )
+        for name, along_rows, keep, warps in [("weights and dy", True, False, 2), ("x and a", False, True, 2),
+                                              ("all three", True, True, 4)]
+    },
     "_dequantize_rows_kernel": (
         "foldmill.moe.kernels.mx_quant",
         {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},
@@ -200,24 +188,20 @@ COMPILE_CASES = {
         None,
         (4, 2),
     ),
-    "_chunk_cast_kernel": (
-        "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
-         "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
-        ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
-        {"ROWWISE": True, "LOCAL_ROWS": 0, "CHUNK": 1024, "CHUNKS": 16, "BLOCK_R": 128, "BLOCK_C": 32},
-        None,
-        (4, 2),
-    ),
-    "_chunk_cast_kernel[weights]": (
-        "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
-         "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
-        ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
-        {"ROWWISE": True, "LOCAL_ROWS": 1, "CHUNK": 1024, "CHUNKS": 64, "BLOCK_R": 128, "BLOCK_C": 32},
-        None,
-        (4, 2),
-    ),
+    # Activations (rows of all groups) and weights (each expert's rows written to its own block).
+    **{
+        f"_chunk_cast_kernel[{name}]": (
+            "foldmill.moe.kernels.fp8_quant",
+            {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv",
+             "scale_ptr": "*fp32", "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
+            ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
+            {"ROWWISE": True, "LOCAL_ROWS": local_rows, "CHUNK": 1024, "CHUNKS": chunks, "BLOCK_R": 128,
+             "BLOCK_C": 32},
+            None,
+            (4, 2),
+        )
+        for name, local_rows, chunks in [("activations", 0, 16), ("weights", 1, 64)]
+    },
     "_adamw_kernel": (
         "foldmill.moe.kernels.adamw",
         {"param_ptr": "*bf16", "grad_ptr": "*bf16", "exp_avg_ptr": "*bf16", "exp_avg_sq_ptr": "*bf16",
