@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from foldmill.moe.config import ModelConfig
+from foldmill.moe.config import ModelConfig, TrainConfig
 from foldmill.moe.experts.routing import permute_tokens, plan_routing, unpermute_tokens
 from foldmill.moe.model.moe import MoEBlock
 
@@ -37,10 +37,12 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
 
-def compare_with_reference(backend, device, dtype, tolerance, hidden=64, ffn=128, tokens=96, experts=4):
-    """Assert forward and all gradients of the backend's MoE block are within `tolerance` of fp64."""
+def compare_with_reference(backend, device, dtype, tolerance, hidden=64, ffn=128, tokens=96, experts=4, **fields):
+    """Assert forward and all gradients of the backend's MoE block (ModelConfig `fields` applied) are
+    within `tolerance` of fp64."""
     torch.manual_seed(0)
-    config = ModelConfig(hidden_size=hidden, ffn_size=ffn, num_experts=experts, top_k=2, expert_backend=backend)
+    config = ModelConfig(hidden_size=hidden, ffn_size=ffn, num_experts=experts, top_k=2, expert_backend=backend,
+                         **fields)
     block = MoEBlock(config)
     for parameter in block.parameters():
         torch.nn.init.normal_(parameter, std=0.5 / hidden**0.5)
@@ -73,6 +75,18 @@ def test_8bit_backends_match_reference_within_format_error(backend):
     errors = compare_with_reference(backend, torch.device("cpu"), torch.float32, 0.1)
     # The 8-bit path really quantized: an fp32 path would be ~1e-7 from the reference.
     assert errors["output"] > 1e-3
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fp8_accumulation_setting_reaches_the_backend(fast):
+    """moe.fp8_fast_accumulation travels from the training config to the FP8 backend's GEMM calls
+    (the GPU test checks the kernel receives it; the emulation here accumulates in fp32 either way)."""
+    from foldmill.moe.train.trainer import build_model_config
+
+    model_config = build_model_config(
+        TrainConfig(expert_backend="fp8_rowwise", fp8_fast_accumulation=fast), vocab_size=32)
+    assert MoEBlock(model_config).experts.backend.fast_accumulation is fast
+    compare_with_reference("fp8_rowwise", torch.device("cpu"), torch.float32, 0.1, fp8_fast_accumulation=fast)
 
 
 def test_backends_agree_with_each_other_on_cpu():

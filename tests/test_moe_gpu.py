@@ -104,6 +104,25 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_fp8_accumulation_setting_reaches_the_kernel_and_stays_within_tolerance(monkeypatch, fast):
+    """Every FP8 GEMM of forward and backward gets moe.fp8_fast_accumulation, and either way the
+    layer and its gradients stay within the 8-bit tolerance of fp64 (K up to 1,024)."""
+    from test_moe_experts import compare_with_reference
+
+    seen = []
+    scaled_grouped_mm = torch._scaled_grouped_mm
+
+    def recording(*args, use_fast_accum=False, **kwargs):
+        seen.append(use_fast_accum)
+        return scaled_grouped_mm(*args, use_fast_accum=use_fast_accum, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", recording)
+    compare_with_reference("fp8_rowwise", CUDA, torch.bfloat16, 0.1, hidden=512, ffn=1024, tokens=2048,
+                           fp8_fast_accumulation=fast)
+    assert len(seen) == 6 and set(seen) == {fast}  # forward, dgrad, wgrad of both expert GEMMs
+
+
 @pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
 def test_recomputed_expert_hidden_gives_the_same_gradients_on_gpu(backend):
     from test_moe_experts import gradients_with_and_without_recompute

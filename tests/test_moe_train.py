@@ -55,6 +55,20 @@ def test_resume_is_bit_exact(corpus, tmp_path, backend):
     assert straight.optimizer.state_dict()["state"][0]["exp_avg"].equal(resumed.optimizer.state_dict()["state"][0]["exp_avg"])
 
 
+def test_checkpoint_written_before_a_model_field_existed_resumes(corpus, tmp_path):
+    """A run checkpointed by an older foldmill, whose model configuration lacks fields added since,
+    resumes with those fields at their defaults."""
+    config = TrainConfig(**{**SMALL.__dict__, "steps": 3})
+    Trainer(corpus, tmp_path, config).fit()
+    state_file = tmp_path / "checkpoints/step_00000003/trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["model_config"]["fp8_fast_accumulation"]
+    state_file.write_text(json.dumps(state))
+    resumed = Trainer(corpus, tmp_path, TrainConfig(**{**SMALL.__dict__, "steps": 4}))
+    resumed.fit()
+    assert resumed.step == 4
+
+
 def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
     Trainer(corpus, tmp_path, SMALL).fit()
     other = TrainConfig(**{**SMALL.__dict__, "aux_loss_coef": 0.5})
@@ -136,5 +150,5 @@ def test_train_arguments_round_trip_through_the_command_line_parser():
     register(parser.add_subparsers())
     args = parser.parse_args(train_arguments("corpus", "run", config))
     assert config_from_args(args, TrainConfig) == config
-    turned_on = TrainConfig(compile=True, cuda_graphs=True, recompute_experts=True)
+    turned_on = TrainConfig(compile=True, cuda_graphs=True, recompute_experts=True, fp8_fast_accumulation=True)
     assert config_from_args(parser.parse_args(train_arguments("corpus", "run", turned_on)), TrainConfig) == turned_on

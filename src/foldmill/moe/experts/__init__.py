@@ -12,8 +12,9 @@ from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
 BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
 
 
-def get_backend(name: str) -> ExpertGemm:
-    """The expert GEMM backend called `name` (one of BACKENDS)."""
+def get_backend(name: str, fp8_fast_accumulation: bool = False) -> ExpertGemm:
+    """The expert GEMM backend called `name` (one of BACKENDS); `fp8_fast_accumulation` applies to
+    fp8_rowwise (experts.fp8_rowwise)."""
     if name == "loop":
         return LoopGemm()
     if name == "grouped":
@@ -21,7 +22,7 @@ def get_backend(name: str) -> ExpertGemm:
     if name == "fp8_rowwise":
         from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
 
-        return Fp8RowwiseGemm()
+        return Fp8RowwiseGemm(fast_accumulation=fp8_fast_accumulation)
     if name == "mxfp8":
         from foldmill.moe.experts.mxfp8 import MXFP8Gemm
 

@@ -41,8 +41,15 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
     return dataclasses.replace(
         base, vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, config.seq_len),
         expert_backend=config.expert_backend, recompute_experts=config.recompute_experts,
+        fp8_fast_accumulation=config.fp8_fast_accumulation,
         aux_loss_coef=config.aux_loss_coef,
     )
+
+
+def _with_defaults(saved: dict) -> dict:
+    """A checkpoint's model configuration with the fields added since it was written at their defaults."""
+    defaults = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
+    return {**{name: value for name, value in defaults.items() if name not in saved}, **saved}
 
 
 def _synchronize(device: torch.device) -> None:
@@ -95,7 +102,7 @@ class Trainer:
         if latest is None:
             return False
         state = load_checkpoint(latest, self.model, self.optimizer)
-        if state["model_config"] != dataclasses.asdict(self.model_config):
+        if _with_defaults(state["model_config"]) != dataclasses.asdict(self.model_config):
             raise CheckpointError(f"{latest}: written for another model configuration; use a new run directory")
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
