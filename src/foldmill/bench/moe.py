@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import traceback
@@ -68,7 +69,7 @@ CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilel
 
 
 def measure_peaks(repeats: int) -> dict[str, float]:
-    """Measured dense GEMM rates on this GPU (8192^3, random data): bf16 matmul and FP8 row-wise _scaled_mm."""
+    """Measured dense GEMM rates on this GPU (8192^3, random data): bf16 matmul and FP8 _scaled_mm."""
     size = 8192
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
@@ -76,8 +77,9 @@ def measure_peaks(repeats: int) -> dict[str, float]:
     peaks = {"bf16": flops / cuda_median_ms(lambda: a @ b, repeats) / 1e9}
     a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t()
     ones_a, ones_b = torch.ones(size, 1, device="cuda"), torch.ones(1, size, device="cuda")
-    peaks["fp8"] = flops / cuda_median_ms(lambda: torch._scaled_mm(a8, b8, ones_a, ones_b, out_dtype=torch.bfloat16),
-                                          repeats) / 1e9
+    # With fast accumulation: the higher of the two FP8 rates, so FP8 rows are not flattered.
+    peaks["fp8"] = flops / cuda_median_ms(lambda: torch._scaled_mm(a8, b8, ones_a, ones_b, out_dtype=torch.bfloat16,
+                                                                   use_fast_accum=True), repeats) / 1e9
     return {k: round(v, 1) for k, v in peaks.items()}
 
 
@@ -171,14 +173,17 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
         wt8, wts = quantize_weight_columns(w)
         dyt8, dyts = quantize_group_columns(dy, ends)
         xt8, xts = quantize_group_columns(x, ends)
-        scaled = torch._scaled_grouped_mm
-        record("torch _scaled_grouped_mm fp8 row-wise fwd (GEMM only)",
-               lambda: scaled(x8, w8.transpose(-2, -1), xs, ws, offs=ends, out_dtype=torch.bfloat16), "fp8")
-        record("torch _scaled_grouped_mm fp8 row-wise dgrad (GEMM only)",
-               lambda: scaled(dy8, wt8.transpose(-2, -1), dys, wts, offs=ends, out_dtype=torch.bfloat16), "fp8")
-        record("torch _scaled_grouped_mm fp8 per-group wgrad (GEMM only)",
-               lambda: scaled(dyt8, xt8.t(), dyts, xts, offs=ends, out_dtype=torch.bfloat16), "fp8")
+        for fast, accumulation in ((False, "promoted"), (True, "fast")):
+            scaled = functools.partial(torch._scaled_grouped_mm, offs=ends, out_dtype=torch.bfloat16,
+                                       use_fast_accum=fast)
+            record(f"torch _scaled_grouped_mm fp8 row-wise fwd, {accumulation} accumulation (GEMM only)",
+                   lambda: scaled(x8, w8.transpose(-2, -1), xs, ws), "fp8")
+            record(f"torch _scaled_grouped_mm fp8 row-wise dgrad, {accumulation} accumulation (GEMM only)",
+                   lambda: scaled(dy8, wt8.transpose(-2, -1), dys, wts), "fp8")
+            record(f"torch _scaled_grouped_mm fp8 per-group wgrad, {accumulation} accumulation (GEMM only)",
+                   lambda: scaled(dyt8, xt8.t(), dyts, xts), "fp8")
         del x8, w8, dy8, wt8, dyt8, xt8
+        library_contenders(record, x, w, dy, ends)
         if shape_index == 0:
             # The Triton MXFP8 GEMMs that apply block scales on Hopper themselves (the sm100 path's kernel).
             xq, wq = quantize(x), quantize(w)
@@ -192,6 +197,40 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
             del xq, wq
         del x, w, dy, reference
     return results
+
+
+def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
+                       ends: torch.Tensor) -> None:
+    """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
+    grouped GEMM for MoE training (quantizes the weights on every call) and cuDNN frontend's MoE
+    grouped matmul (bf16). A library that imports but refuses the shape gets a row with its error."""
+    try:
+        from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
+    except Exception:  # not installed, or built for another torch
+        _to_fp8_rowwise_then_scaled_grouped_mm = None
+    if _to_fp8_rowwise_then_scaled_grouped_mm is not None:
+        def torchao_forward() -> torch.Tensor:
+            with torch.no_grad():
+                return _to_fp8_rowwise_then_scaled_grouped_mm(x, w.transpose(-2, -1), ends,
+                                                              pad_token_groups_for_grouped_mm=False)
+
+        x_leaf, w_leaf = x.detach().requires_grad_(), w.detach().requires_grad_()
+
+        def torchao_forward_backward() -> None:
+            _to_fp8_rowwise_then_scaled_grouped_mm(x_leaf, w_leaf.transpose(-2, -1), ends,
+                                                   pad_token_groups_for_grouped_mm=False).backward(dy)
+            x_leaf.grad = w_leaf.grad = None
+
+        record("torchao fp8 row-wise forward (weights quantized on every call)", torchao_forward, "fp8")
+        record("torchao fp8 row-wise forward + backward", torchao_forward_backward, "fp8", passes=3)
+    try:
+        from cudnn.gemm.ops.moe_grouped_matmul import moe_grouped_matmul
+    except Exception:
+        moe_grouped_matmul = None
+    if moe_grouped_matmul is not None:
+        bounds = torch.cat([ends.new_zeros(1), ends]).view(-1, 1, 1)
+        record("cuDNN frontend moe_grouped_matmul bf16 fwd",
+               lambda: moe_grouped_matmul(x.unsqueeze(0), w.transpose(-2, -1), bounds), "bf16")
 
 
 # ---------------------------------------------------------------- layer
@@ -387,11 +426,12 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    def foldmill_model(backend: str, compiled: bool = False,
-                       recompute: bool = False) -> Callable[[], tuple[torch.nn.Module, bool]]:
+    def foldmill_model(backend: str, compiled: bool = False, recompute: bool = False,
+                       fast_accumulation: bool = False) -> Callable[[], tuple[torch.nn.Module, bool]]:
         def build() -> tuple[torch.nn.Module, bool]:
             with torch.device(device):
-                model_config = dataclasses.replace(config, expert_backend=backend, recompute_experts=recompute)
+                model_config = dataclasses.replace(config, expert_backend=backend, recompute_experts=recompute,
+                                                   fp8_fast_accumulation=fast_accumulation)
                 model = MoEDecoder(model_config).to(torch.bfloat16)
             return (compile_dense_blocks(model) if compiled else model), False
 
@@ -407,6 +447,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
             foldmill_model(backend, recompute=True), PRECISION[backend], graphed=True)
+    if "fp8_rowwise" in backends:
+        row("foldmill fp8_rowwise, CUDA graph, fast accumulation (moe.fp8_fast_accumulation)",
+            foldmill_model("fp8_rowwise", fast_accumulation=True), "fp8", graphed=True)
     if "grouped" in backends:
         row("foldmill grouped, CUDA graph, torch's clipping + fused AdamW", foldmill_model("grouped"), "bf16",
             graphed=True, torch_optimizer=True)

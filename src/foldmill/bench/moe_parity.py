@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="results/bench/moe_parity", help="directory for parity.json/.md/.svg")
     parser.add_argument("--steps", type=int, default=0, help="override the configured steps (0 = keep)")
     parser.add_argument("--backends", default="", help="override the configured backends (comma-separated)")
+    parser.add_argument("--fp8-fast-accumulation", action="store_true",
+                        help="FP8 GEMMs with fast accumulation (moe.fp8_fast_accumulation)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.set_defaults(handler=run)
 
@@ -370,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
     train = dict(config["train"])
     if args.steps:
         train["steps"] = args.steps
+    if args.fp8_fast_accumulation:
+        train["fp8_fast_accumulation"] = True
     eval_every = int(config["eval_every"]) or int(train.get("steps", 1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
