@@ -6,16 +6,16 @@ wgrad    dw = dy^T x  dy and x per (expert group, column) over the group's token
                       each expert's sum over tokens, so the scales factor out of it
 Every operand is needed in two layouts: x row-wise (forward) and per group column (wgrad), dy
 row-wise (dgrad) and per group column (wgrad), w row-wise (forward) and per (expert, k) (dgrad).
-One quantizer call makes both from the same reads.
+One quantizer call makes both from the same reads. The weights' copies are made once per optimizer
+step (experts.weights.WeightCache); x's weight-gradient copy is made in the forward pass and saved
+instead of x. Off CUDA the GEMMs are emulated (dequantize, then the same grouped GEMM in float32),
+which gives the same numbers up to fp32 rounding.
+
 Fast accumulation (`moe.fp8_fast_accumulation`, off by default) lets Hopper's FP8 tensor cores keep
 their partial sums without promoting them to fp32 every few K blocks, as torchao's FP8 MoE training
 does: on the H200 the three GEMMs run 5-23% faster and the forward's error against an fp32 product
 of the same FP8 operands goes from 0.17% to 0.21% (the FP8 rounding of the operands: 3.7%), but in
-the loss-parity run the final validation loss ended 2.6% above bf16's (docs/benchmarks/moe.md). The weights' copies are made once per optimizer
-step (experts.weights.WeightCache); x's weight-gradient copy is made in the forward pass and saved
-instead of x. Off CUDA the GEMMs are
-emulated (dequantize, then the same grouped GEMM in float32), which gives the same numbers up to
-fp32 rounding.
+the loss-parity run the final validation loss ended 2.6% above bf16's (docs/benchmarks/moe.md).
 """
 
 from __future__ import annotations
