@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 import json
 import os
 import traceback
@@ -47,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> None:
     """Run one measurement; a failure is recorded in its row instead of ending the benchmark."""
+    # Free the previous rows' models first (their autograd and CUDA-graph references form cycles)
+    # so host-bound rows do not pay for collecting them.
+    gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
