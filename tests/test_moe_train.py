@@ -69,6 +69,32 @@ def test_checkpoint_written_before_a_model_field_existed_resumes(corpus, tmp_pat
     assert resumed.step == 4
 
 
+def test_fp8_checkpoint_from_before_fast_accumulation_resumes_only_with_promoted_sums(corpus, tmp_path):
+    """An FP8 run checkpointed before moe.fp8_fast_accumulation existed summed in fp32: resuming it
+    under the new default would change its numerics mid-run, so that is refused, naming the setting;
+    with fp8_fast_accumulation false it resumes."""
+    fp8 = {**SMALL.__dict__, "expert_backend": "fp8_rowwise", "fp8_fast_accumulation": False}
+    Trainer(corpus, tmp_path, TrainConfig(**{**fp8, "steps": 3})).fit()
+    state_file = tmp_path / "checkpoints/step_00000003/trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["model_config"]["fp8_fast_accumulation"]
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="fp8_fast_accumulation False there, True here"):
+        Trainer(corpus, tmp_path, TrainConfig(**{**fp8, "steps": 4, "fp8_fast_accumulation": True})).fit()
+    resumed = Trainer(corpus, tmp_path, TrainConfig(**{**fp8, "steps": 4}))
+    resumed.fit()
+    assert resumed.step == 4 and resumed.model_config.fp8_fast_accumulation is False
+
+
+def test_fast_accumulation_is_on_for_fp8_and_off_for_the_other_backends():
+    from foldmill.moe.train.trainer import build_model_config
+
+    assert TrainConfig().fp8_fast_accumulation is True
+    for backend in ("loop", "grouped", "fp8_rowwise", "mxfp8"):
+        model = build_model_config(TrainConfig(model="tiny", expert_backend=backend), vocab_size=32)
+        assert model.fp8_fast_accumulation is (backend == "fp8_rowwise"), backend
+
+
 def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
     Trainer(corpus, tmp_path, SMALL).fit()
     other = TrainConfig(**{**SMALL.__dict__, "aux_loss_coef": 0.5})
@@ -152,3 +178,5 @@ def test_train_arguments_round_trip_through_the_command_line_parser():
     assert config_from_args(args, TrainConfig) == config
     turned_on = TrainConfig(compile=True, cuda_graphs=True, recompute_experts=True, fp8_fast_accumulation=True)
     assert config_from_args(parser.parse_args(train_arguments("corpus", "run", turned_on)), TrainConfig) == turned_on
+    turned_off = TrainConfig(fp8_fast_accumulation=False)
+    assert config_from_args(parser.parse_args(train_arguments("corpus", "run", turned_off)), TrainConfig) == turned_off

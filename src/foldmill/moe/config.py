@@ -28,7 +28,7 @@ class ModelConfig:
     # run that GEMM again there (experts.mlp): less activation memory for one more GEMM per layer.
     recompute_experts: bool = False
     # fp8_rowwise only: FP8 tensor-core accumulation without fp32 promotion (experts.fp8_rowwise).
-    fp8_fast_accumulation: bool = False
+    fp8_fast_accumulation: bool = True
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -87,7 +87,7 @@ class TrainConfig:
     model: str = "tiny"
     expert_backend: str = "grouped"
     recompute_experts: bool = False  # ModelConfig.recompute_experts
-    fp8_fast_accumulation: bool = False  # ModelConfig.fp8_fast_accumulation
+    fp8_fast_accumulation: bool = True  # ModelConfig.fp8_fast_accumulation
     steps: int = 100
     batch_size: int = 8  # sequences per GPU (per process) and step
     seq_len: int = 128

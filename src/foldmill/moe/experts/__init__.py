@@ -12,7 +12,7 @@ from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
 BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
 
 
-def get_backend(name: str, fp8_fast_accumulation: bool = False) -> ExpertGemm:
+def get_backend(name: str, fp8_fast_accumulation: bool = True) -> ExpertGemm:
     """The expert GEMM backend called `name` (one of BACKENDS); `fp8_fast_accumulation` applies to
     fp8_rowwise (experts.fp8_rowwise)."""
     if name == "loop":

@@ -41,14 +41,22 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
     return dataclasses.replace(
         base, vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, config.seq_len),
         expert_backend=config.expert_backend, recompute_experts=config.recompute_experts,
-        fp8_fast_accumulation=config.fp8_fast_accumulation,
+        # Only the FP8 backend reads it; off elsewhere, so a bf16 run's configuration (and its
+        # checkpoints' compatibility) does not depend on it.
+        fp8_fast_accumulation=config.fp8_fast_accumulation and config.expert_backend == "fp8_rowwise",
         aux_loss_coef=config.aux_loss_coef,
     )
 
 
+# What a checkpoint written before a field existed ran with, where that differs from the field's
+# default: FP8 GEMMs promoted their sums to fp32 before fp8_fast_accumulation (on by default) came.
+BEFORE_FIELD_EXISTED = {"fp8_fast_accumulation": False}
+
+
 def _with_defaults(saved: dict) -> dict:
-    """A checkpoint's model configuration with the fields added since it was written at their defaults."""
-    defaults = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
+    """A checkpoint's model configuration with the fields added since it was written at the values it
+    ran with (their defaults, or BEFORE_FIELD_EXISTED)."""
+    defaults = {field.name: field.default for field in dataclasses.fields(ModelConfig)} | BEFORE_FIELD_EXISTED
     return {**{name: value for name, value in defaults.items() if name not in saved}, **saved}
 
 
@@ -102,8 +110,12 @@ class Trainer:
         if latest is None:
             return False
         state = load_checkpoint(latest, self.model, self.optimizer)
-        if _with_defaults(state["model_config"]) != dataclasses.asdict(self.model_config):
-            raise CheckpointError(f"{latest}: written for another model configuration; use a new run directory")
+        saved, current = _with_defaults(state["model_config"]), dataclasses.asdict(self.model_config)
+        if saved != current:
+            differing = ", ".join(f"{name} {saved.get(name)!r} there, {current.get(name)!r} here"
+                                  for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name))
+            raise CheckpointError(f"{latest}: written for another model configuration ({differing}); "
+                                  "set those values to resume, or use a new run directory")
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         log.info("resumed from %s (step %d)", latest, self.step)
