@@ -17,7 +17,8 @@ from foldmill.errors import FoldmillError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
 MSA = REPO / "tests/data/msas/seq2.a3m"
-BACKENDS = ["grouped", "fp8_rowwise", "mxfp8"]
+BACKENDS = ["grouped", "fp8_rowwise", "fp8_rowwise_promoted_accumulation", "mxfp8"]
+SEEDS = [3, 4]
 STEPS, EVAL_EVERY = 4, 2
 
 # Runs the module as `python -m` would and fails if it pulled in Ray.
@@ -39,8 +40,8 @@ def parity_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         "corpus": {"sources": [str(MSA)], "val_fraction": 0.1},
         "model": {"hidden_size": 64, "ffn_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1},
         "train": {"model": "bio_8x1b", "steps": 50, "batch_size": 2, "seq_len": 64, "lr": 0.003, "warmup_steps": 1,
-                  "precision": "bf16-mixed", "seed": 3},
-        "backends": BACKENDS, "reference": "grouped", "eval_every": EVAL_EVERY, "tolerance": 0.01,
+                  "precision": "bf16-mixed"},
+        "backends": BACKENDS, "seeds": SEEDS, "reference": "grouped", "eval_every": EVAL_EVERY, "tolerance": 0.01,
     }
     (root / "parity.yaml").write_text(yaml.safe_dump(config))
     out = root / "out"
@@ -55,40 +56,59 @@ def parity_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 def test_every_backend_trains_the_same_steps_and_validates_on_schedule(parity_run: tuple[Path, dict]) -> None:
     _, payload = parity_run
-    assert list(payload["backends"]) == BACKENDS
-    for name, result in payload["backends"].items():
-        assert len(result["train_loss"]) == STEPS, name  # --steps overrides the configured 50
-        assert [v["step"] for v in result["validation"]] == [0, 2, 4], name
-        assert result["final_val_loss"] == pytest.approx(result["validation"][-1]["val_loss"], abs=1e-5)
-        assert result["best_val"]["val_loss"] == min(v["val_loss"] for v in result["validation"])
-        assert result["model_config"]["expert_backend"] == name
-        assert result["model_config"]["hidden_size"] == 64 and result["model_config"]["num_experts"] == 8
-        # The whole validation split every time: the same token count for every backend.
-        assert result["val_tokens"] == payload["backends"]["grouped"]["val_tokens"] > 0
-        assert result["train_loss"][-1] < result["train_loss"][0], name
+    assert list(payload["runs"]) == BACKENDS and payload["seeds"] == SEEDS
+    for name, by_seed in payload["runs"].items():
+        assert list(by_seed) == [str(seed) for seed in SEEDS], name
+        for seed, result in by_seed.items():
+            assert len(result["train_loss"]) == STEPS, name  # --steps overrides the configured 50
+            assert [v["step"] for v in result["validation"]] == [0, 2, 4], name
+            assert result["final_val_loss"] == pytest.approx(result["validation"][-1]["val_loss"], abs=1e-5)
+            assert result["best_val"]["val_loss"] == min(v["val_loss"] for v in result["validation"])
+            assert result["train_config"]["seed"] == int(seed)
+            assert result["model_config"]["expert_backend"] == name.removesuffix("_promoted_accumulation")
+            # Fast accumulation by default; the variant promotes; the other backends never read it.
+            assert result["model_config"]["fp8_fast_accumulation"] == (name == "fp8_rowwise"), name
+            assert result["model_config"]["hidden_size"] == 64 and result["model_config"]["num_experts"] == 8
+            # The whole validation split every time: the same token count for every backend.
+            assert result["val_tokens"] == payload["runs"]["grouped"][seed]["val_tokens"] > 0
+            assert result["train_loss"][-1] < result["train_loss"][0], name
 
 
-def test_backends_start_from_the_same_weights_and_batches(parity_run: tuple[Path, dict]) -> None:
+def test_backends_start_from_the_same_weights_and_batches_per_seed(parity_run: tuple[Path, dict]) -> None:
     _, payload = parity_run
-    reference = payload["backends"]["grouped"]
-    for name in ("fp8_rowwise", "mxfp8"):
-        result = payload["backends"][name]
-        # Same initial weights and data: before training only the 8-bit rounding differs.
-        assert result["validation"][0]["val_loss"] == pytest.approx(reference["validation"][0]["val_loss"], rel=2e-3)
-        assert result["train_loss"][0] == pytest.approx(reference["train_loss"][0], rel=2e-3)
+    runs = payload["runs"]
+    for seed in map(str, SEEDS):
+        reference = runs["grouped"][seed]
+        for name in BACKENDS[1:]:
+            result = runs[name][seed]
+            # Same initial weights and data: before training only the 8-bit rounding differs.
+            assert result["validation"][0]["val_loss"] == pytest.approx(reference["validation"][0]["val_loss"],
+                                                                        rel=2e-3)
+            assert result["train_loss"][0] == pytest.approx(reference["train_loss"][0], rel=2e-3)
+    # Another seed: other initial weights and batches.
+    assert runs["grouped"]["3"]["train_loss"][0] != runs["grouped"]["4"]["train_loss"][0]
 
 
-def test_comparison_and_table_follow_from_the_losses(parity_run: tuple[Path, dict]) -> None:
+def test_seed_means_comparison_and_table_follow_from_the_runs(parity_run: tuple[Path, dict]) -> None:
     out, payload = parity_run
-    base = payload["backends"]["grouped"]["final_val_loss"]
-    table = (out / "parity.md").read_text()
-    for name, result in payload["backends"].items():
-        difference = (result["final_val_loss"] - base) / base
-        comparison = payload["comparison"][name]
+    runs, table = payload["runs"], (out / "parity.md").read_text()
+    base = {seed: runs["grouped"][seed]["final_val_loss"] for seed in runs["grouped"]}
+    for name, by_seed in runs.items():
+        result, comparison = payload["backends"][name], payload["comparison"][name]
+        finals = {seed: r["final_val_loss"] for seed, r in by_seed.items()}
+        assert result["final_val_loss"] == pytest.approx(sum(finals.values()) / len(finals))
+        first_steps = [r["train_loss"][0] for r in by_seed.values()]
+        assert result["train_loss"][0] == pytest.approx(sum(first_steps) / len(first_steps), abs=1e-5)
+        differences = {seed: (finals[seed] - base[seed]) / base[seed] for seed in finals}
+        assert comparison["rel_diff_per_seed"] == pytest.approx(differences)
+        difference = sum(differences.values()) / len(differences)
         assert comparison["rel_diff_vs_reference"] == pytest.approx(difference)
         assert comparison["within_tolerance"] == (abs(difference) <= payload["tolerance"])
         assert f"{result['final_val_loss']:.4f} | {difference:+.3%}" in table
     assert payload["comparison"]["grouped"]["rel_diff_vs_reference"] == 0.0
+    spread = (max(base.values()) - min(base.values())) / (sum(base.values()) / len(base))
+    assert payload["reference_seed_spread"] == pytest.approx(spread) and spread > 0
+    assert f"spreads {spread:.2%} across them" in table
 
 
 def test_plot_draws_one_curve_per_backend_and_panel(parity_run: tuple[Path, dict]) -> None:
@@ -129,6 +149,16 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({**config, "train": {**config["train"], "expert_backend": "grouped"}}))
     with pytest.raises(FoldmillError, match="expert_backend"):
         load_config(bad)
+    bad.write_text(yaml.safe_dump({**config, "backends": ["grouped", "fp9"]}))
+    with pytest.raises(FoldmillError, match="unknown backend.*fp9"):
+        load_config(bad)
     bad.write_text(yaml.safe_dump({**config, "reference": "loop"}))
     with pytest.raises(FoldmillError, match="reference backend"):
         load_config(bad)
+    bad.write_text(yaml.safe_dump({**config, "train": {**config["train"], "seed": 1}}))
+    with pytest.raises(FoldmillError, match="'seeds' list"):
+        load_config(bad)
+    for seeds in ([], [1, 1], "0", [0.5], [True]):
+        bad.write_text(yaml.safe_dump({**config, "seeds": seeds}))
+        with pytest.raises(FoldmillError, match="distinct integers"):
+            load_config(bad)

@@ -1,16 +1,20 @@
 """`foldmill bench moe-parity`: loss parity of the MoE expert backends on a real protein corpus.
 
 One configuration file (config/moe/parity.yaml) fixes everything: the corpus sources, the model
-(a named model with its depth and width reduced), the training recipe and the backends. Each
-backend trains the same model from the same initial weights on the same batches in the same
-order (one seed); only the expert GEMMs differ. The corpus is built first: FASTA records and the
-rows of A3M alignments (gaps removed, insertions upper-cased), deduplicated by sequence, then
-packed by `foldmill pretrain prepare-corpus`'s code with a validation split chosen by a hash of
-each sequence, so a sequence is never in both splits.
+(a named model with its depth and width reduced), the training recipe, the backends and the seeds.
+For each seed, every backend trains the same model from the same initial weights on the same
+batches in the same order; only the expert GEMMs differ. Each backend's final validation loss is
+compared with the reference backend's of the same seed, and the mean of those differences over the
+seeds is held against the tolerance; the reference's own spread across seeds is reported beside it
+as the noise floor. The corpus is built first: FASTA records and the rows of A3M alignments (gaps
+removed, insertions upper-cased), deduplicated by sequence, then packed by `foldmill pretrain
+prepare-corpus`'s code with a validation split chosen by a hash of each sequence, so a sequence is
+never in both splits.
 
-Writes to --out: parity.json (per-step training losses, validation losses, final validation loss
-per backend and its relative difference from the reference backend), parity.md (the table),
-parity.svg (the curves; parity.png as well where matplotlib imports) and corpus/.
+Writes to --out: parity.json (per seed and backend: per-step training losses and validation
+losses; per backend: the curves averaged over seeds, final validation losses and their relative
+differences from the reference), parity.md (the table), parity.svg (the seed-averaged curves;
+parity.png as well where matplotlib imports) and corpus/.
 
     python -m foldmill.bench.moe_parity --config config/moe/parity.yaml   # without the full CLI
 """
@@ -34,11 +38,15 @@ from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import TrainConfig
 
 DEFAULT_CONFIG = "config/moe/parity.yaml"
-SECTIONS = {"corpus", "model", "train", "backends", "reference", "eval_every", "tolerance"}
+SECTIONS = {"corpus", "model", "train", "backends", "seeds", "reference", "eval_every", "tolerance"}
 CORPUS_KEYS = {"sources", "val_fraction"}
-# Settings the bench owns: one process, whole validation split, no checkpoints or log lines.
+# Settings the bench owns: one process, whole validation split, no checkpoints or log lines; the
+# seed comes from `seeds`.
 BENCH_OWNED = {"expert_backend", "eval_every", "eval_batches", "checkpoint_every", "log_every", "parallel",
-               "expert_parallel"}
+               "expert_parallel", "seed"}
+# Names the backends list takes besides the expert backends themselves: name -> (expert backend,
+# TrainConfig overrides).
+VARIANTS = {"fp8_rowwise_promoted_accumulation": ("fp8_rowwise", {"fp8_fast_accumulation": False})}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,8 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="results/bench/moe_parity", help="directory for parity.json/.md/.svg")
     parser.add_argument("--steps", type=int, default=0, help="override the configured steps (0 = keep)")
     parser.add_argument("--backends", default="", help="override the configured backends (comma-separated)")
-    parser.add_argument("--fp8-fast-accumulation", action="store_true",
-                        help="FP8 GEMMs with fast accumulation (moe.fp8_fast_accumulation)")
+    parser.add_argument("--seeds", default="", help="override the configured seeds (comma-separated)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     parser.set_defaults(handler=run)
 
@@ -79,11 +86,23 @@ def load_config(path: str | Path) -> dict:
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - BENCH_OWNED
     unknown = set(config["train"]) - train_fields
     if unknown:
+        hint = " (seeds go in the top-level 'seeds' list)" if "seed" in unknown else ""
         raise FoldmillError(f"{path}: train key(s) {', '.join(sorted(unknown))} are not training settings "
-                            f"the parity run takes")
+                            f"the parity run takes{hint}")
+    config.setdefault("seeds", [0])
+    seeds = config["seeds"]
+    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in seeds)):
+        raise FoldmillError(f"{path}: 'seeds' must be a list of distinct integers, got {seeds!r}")
     config.setdefault("reference", "grouped")
     config.setdefault("eval_every", 100)
     config.setdefault("tolerance", 0.01)
+    from foldmill.moe.experts import BACKENDS
+
+    unknown = [b for b in config["backends"] if b not in BACKENDS and b not in VARIANTS]
+    if unknown:
+        raise FoldmillError(f"{path}: unknown backend(s) {', '.join(map(str, unknown))}; "
+                            f"known: {', '.join([*BACKENDS, *VARIANTS])}")
     if config["reference"] not in config["backends"]:
         raise FoldmillError(f"{path}: reference backend {config['reference']!r} is not among the backends")
     return config
@@ -170,13 +189,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_backend(backend: str, corpus_dir: Path, run_dir: Path, train: dict, model: dict, eval_every: int,
+def train_backend(name: str, corpus_dir: Path, run_dir: Path, train: dict, model: dict, eval_every: int,
                   device: torch.device) -> dict:
-    """Train one backend; per-step training cross-entropy, validation every eval_every steps and at the end."""
+    """Train one backend (or variant); per-step training cross-entropy, validation every eval_every steps and
+    at the end."""
     from foldmill.moe.train.distributed import Dist
     from foldmill.moe.train.trainer import Trainer
 
-    config = TrainConfig(**train, expert_backend=backend, eval_batches=0, log_every=10**9)
+    backend, overrides = VARIANTS.get(name, (name, {}))
+    config = TrainConfig(**{**train, **overrides}, expert_backend=backend, eval_batches=0, log_every=10**9)
     trainer = Trainer(corpus_dir, run_dir, config, Dist(0, 1, device), model_overrides=model)
     validation = [{"step": 0, **trainer.validate()}]
     losses: list[torch.Tensor] = []
@@ -222,33 +243,75 @@ def train_backend(backend: str, corpus_dir: Path, run_dir: Path, train: dict, mo
     return result
 
 
-def compare(results: dict[str, dict], reference: str, tolerance: float) -> dict[str, dict]:
-    """Each backend's final validation loss relative to the reference backend's."""
-    base = results[reference]["final_val_loss"]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def average_over_seeds(by_seed: dict[int, dict]) -> dict:
+    """One backend's runs folded into one: curves and losses averaged over its seeds."""
+    runs = list(by_seed.values())
+    first = runs[0]
+    train_loss = [round(_mean(list(values)), 5) for values in zip(*(r["train_loss"] for r in runs), strict=True)]
+    validation = [{"step": points[0]["step"], "val_loss": round(_mean([p["val_loss"] for p in points]), 5)}
+                  for points in zip(*(r["validation"] for r in runs), strict=True)]
+    finals = {seed: r["final_val_loss"] for seed, r in by_seed.items()}
+    return {
+        "seeds": list(by_seed),
+        "final_val_loss": _mean(list(finals.values())),
+        "final_val_loss_per_seed": finals,
+        "train_loss": train_loss,
+        "validation": validation,
+        "best_val": min(validation, key=lambda v: v["val_loss"]),
+        "val_tokens": first["val_tokens"],
+        "final_train_loss": _mean([r["final_train_loss"] for r in runs]),
+        "ms_per_step": sorted(r["ms_per_step"] for r in runs)[len(runs) // 2],
+        "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+        "model_config": first["model_config"],
+        "train_config": {k: v for k, v in first["train_config"].items() if k != "seed"},
+    }
+
+
+def compare(runs: dict[str, dict[int, dict]], reference: str, tolerance: float) -> dict[str, dict]:
+    """Each backend's final validation loss relative to the reference's of the same seed, and the mean of
+    those differences over the seeds both finished, held against the tolerance."""
     out = {}
-    for name, result in results.items():
-        difference = (result["final_val_loss"] - base) / base
-        out[name] = {"rel_diff_vs_reference": difference, "within_tolerance": abs(difference) <= tolerance}
+    for name, by_seed in runs.items():
+        base = runs[reference]
+        per_seed = {seed: (result["final_val_loss"] - base[seed]["final_val_loss"]) / base[seed]["final_val_loss"]
+                    for seed, result in by_seed.items() if seed in base}
+        difference = _mean(list(per_seed.values()))
+        out[name] = {"rel_diff_vs_reference": difference, "rel_diff_per_seed": per_seed,
+                     "within_tolerance": abs(difference) <= tolerance}
     return out
+
+
+def seed_spread(by_seed: dict[int, dict]) -> float | None:
+    """(max - min) / mean of one backend's final validation losses over its seeds; None with one seed."""
+    finals = [r["final_val_loss"] for r in by_seed.values()]
+    return (max(finals) - min(finals)) / _mean(finals) if len(finals) > 1 else None
 
 
 # ---------------------------------------------------------------- report
 
-LABELS = {"loop": "bf16 loop", "grouped": "bf16 grouped", "fp8_rowwise": "FP8 row-wise", "mxfp8": "MXFP8"}
+LABELS = {"loop": "bf16 loop", "grouped": "bf16 grouped", "fp8_rowwise": "FP8 row-wise", "mxfp8": "MXFP8",
+          "fp8_rowwise_promoted_accumulation": "FP8 row-wise, promoted accumulation"}
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 
 def markdown_table(payload: dict) -> str:
     reference, tolerance = payload["reference"], payload["tolerance"]
     lines = [f"| backend | final val loss | vs {LABELS.get(reference, reference)} | within {tolerance:.0%} | "
-             "lowest val loss (step) | final train loss | ms/step | run s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "per seed: final val loss (vs reference) | lowest val loss (step) | final train loss | ms/step | run s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, result in payload["backends"].items():
         comparison = payload["comparison"][name]
+        per_seed = "; ".join(f"{seed}: {loss:.4f} ({comparison['rel_diff_per_seed'][seed]:+.2%})"
+                             for seed, loss in result["final_val_loss_per_seed"].items()
+                             if seed in comparison["rel_diff_per_seed"])
         lines.append(
             f"| {LABELS.get(name, name)} | {result['final_val_loss']:.4f} | "
             f"{comparison['rel_diff_vs_reference']:+.3%} | "
-            f"{'yes' if comparison['within_tolerance'] else 'no'} | "
+            f"{'yes' if comparison['within_tolerance'] else 'no'} | {per_seed} | "
             f"{result['best_val']['val_loss']:.4f} ({result['best_val']['step']}) | {result['final_train_loss']:.4f} | "
             f"{result['ms_per_step']} | {result['wall_s']} |")
     return "\n".join(lines) + "\n"
@@ -369,11 +432,10 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     backends = [b for b in (args.backends.split(",") if args.backends else config["backends"]) if b]
     reference = config["reference"] if config["reference"] in backends else backends[0]
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed] if args.seeds else config["seeds"]
     train = dict(config["train"])
     if args.steps:
         train["steps"] = args.steps
-    if args.fp8_fast_accumulation:
-        train["fp8_fast_accumulation"] = True
     eval_every = int(config["eval_every"]) or int(train.get("steps", 1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,32 +445,43 @@ def run(args: argparse.Namespace) -> int:
     payload = {
         "config": str(args.config), "config_values": config, "device": torch.cuda.get_device_name(device)
         if device.type == "cuda" else "cpu", "torch": torch.__version__, "corpus": corpus,
-        "reference": reference, "tolerance": float(config["tolerance"]), "backends": {}, "comparison": {},
+        "reference": reference, "tolerance": float(config["tolerance"]), "seeds": seeds,
+        "backends": {}, "comparison": {}, "reference_seed_spread": None, "runs": {},
     }
-    # The reference trains first; parity.json is rewritten after every backend, so a run cut short
-    # keeps the backends it finished.
-    for backend in [reference, *(b for b in backends if b != reference)]:
-        result = train_backend(backend, Path(corpus["dir"]), out / "runs" / backend, train, dict(config["model"]),
-                               eval_every, device)
-        payload["backends"][backend] = result
-        print(json.dumps({"backend": backend, **{k: v for k, v in result.items() if k not in
-                                                  ("train_loss", "model_config", "train_config")}}), flush=True)
-        payload["comparison"] = compare(payload["backends"], reference, payload["tolerance"])
-        payload["wall_s"] = round(time.perf_counter() - started, 1)
-        write_text_atomic(out / "parity.json", json.dumps(payload, indent=1) + "\n")
+    runs: dict[str, dict[int, dict]] = {}
+    # Seed by seed, the reference first; parity.json is rewritten after every run, so a run cut short
+    # keeps what it finished.
+    for seed in seeds:
+        for backend in [reference, *(b for b in backends if b != reference)]:
+            result = train_backend(backend, Path(corpus["dir"]), out / "runs" / backend / f"seed{seed}",
+                                   {**train, "seed": seed}, dict(config["model"]), eval_every, device)
+            runs.setdefault(backend, {})[seed] = result
+            print(json.dumps({"backend": backend, "seed": seed, **{k: v for k, v in result.items() if k not in
+                                                                   ("train_loss", "model_config", "train_config")}}),
+                  flush=True)
+            payload["runs"] = {name: {str(s): r for s, r in by_seed.items()} for name, by_seed in runs.items()}
+            payload["backends"] = {name: average_over_seeds(by_seed) for name, by_seed in runs.items()}
+            payload["comparison"] = compare(runs, reference, payload["tolerance"])
+            payload["reference_seed_spread"] = seed_spread(runs[reference])
+            payload["wall_s"] = round(time.perf_counter() - started, 1)
+            write_text_atomic(out / "parity.json", json.dumps(payload, indent=1) + "\n")
     first = payload["backends"][reference]
     tokens = first["train_config"]["batch_size"] * first["train_config"]["seq_len"] * len(first["train_loss"])
     payload["train_epochs"] = round(tokens / max(corpus["splits"]["train"]["tokens"], 1), 2)
     write_text_atomic(out / "parity.json", json.dumps(payload, indent=1) + "\n")
     table = markdown_table(payload)
     model = first["model_config"]
+    spread = payload["reference_seed_spread"]
     header = (f"{payload['device']}, torch {torch.__version__}. Model: {model['num_layers']} layers, hidden "
               f"{model['hidden_size']}, {model['num_heads']}/{model['num_kv_heads']} heads, {model['num_experts']} "
               f"experts x FFN {model['ffn_size']}, top-{model['top_k']}; {len(first['train_loss'])} steps of "
               f"{first['train_config']['batch_size']} x {first['train_config']['seq_len']} tokens "
               f"({payload['train_epochs']} epochs of the training split), {first['train_config']['precision']}. "
               f"Corpus: {corpus['unique_sequences']} unique sequences, {corpus['splits']['train']['records']} train / "
-              f"{corpus['splits']['val']['records']} validation; validation over {first['val_tokens']} tokens.\n\n")
+              f"{corpus['splits']['val']['records']} validation; validation over {first['val_tokens']} tokens. "
+              f"Seeds: {', '.join(map(str, seeds))} (losses and curves are means over them"
+              + (f"; {LABELS.get(reference, reference)}'s final validation loss spreads {spread:.2%} across them, "
+                 "max - min over mean" if spread is not None else "") + ").\n\n")
     write_text_atomic(out / "parity.md", header + table)
     write_text_atomic(out / "parity.svg", svg_plot(payload))
     png_plot(payload, out / "parity.png")
