@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from foldmill.moe.experts.weights import WeightCache
-from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_rowwise, quantize_weight_copies
+from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_weight_copies
 
 
 def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -47,16 +47,6 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     groups = ends.shape[0]
     out = F.grouped_mm(a_values, b_values, offs=ends)
     return (out * a_scale.view(groups, -1, 1) * b_scale.view(groups, 1, -1)).to(out_dtype)
-
-
-def scaled_grouped_mm_rowwise(
-    x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, out_dtype: torch.dtype
-) -> torch.Tensor:
-    """x (rows, K) @ w_e^T for w (experts, N, K), both quantized row-wise over K on this call."""
-    x_data, x_scale = quantize_rowwise(x)
-    w_data, w_scale = quantize_rowwise(w)
-    # B must be column-major: the transpose of the (experts, N, K) row-major weights.
-    return scaled_grouped_mm(x_data, x_scale, w_data.transpose(-2, -1), w_scale, ends, out_dtype)
 
 
 class Fp8RowwiseGemm:
