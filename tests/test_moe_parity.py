@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from foldmill.bench.moe_parity import gather_sequences, iter_a3m, load_config
+from foldmill.bench.moe_parity import gather_sequences, iter_a3m, load_config, parse_seeds
 from foldmill.errors import FoldmillError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,6 +158,10 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({**config, "train": {**config["train"], "seed": 1}}))
     with pytest.raises(FoldmillError, match="'seeds' list"):
         load_config(bad)
+    assert parse_seeds("4,0") == [4, 0]
+    for text in ("a", "0,,1", "1,1"):
+        with pytest.raises(FoldmillError, match="--seeds"):
+            parse_seeds(text)
     for seeds in ([], [1, 1], "0", [0.5], [True]):
         bad.write_text(yaml.safe_dump({**config, "seeds": seeds}))
         with pytest.raises(FoldmillError, match="distinct integers"):

@@ -90,10 +90,7 @@ def load_config(path: str | Path) -> dict:
         raise FoldmillError(f"{path}: train key(s) {', '.join(sorted(unknown))} are not training settings "
                             f"the parity run takes{hint}")
     config.setdefault("seeds", [0])
-    seeds = config["seeds"]
-    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
-            or not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in seeds)):
-        raise FoldmillError(f"{path}: 'seeds' must be a list of distinct integers, got {seeds!r}")
+    check_seeds(config["seeds"], f"{path}: 'seeds'")
     config.setdefault("reference", "grouped")
     config.setdefault("eval_every", 100)
     config.setdefault("tolerance", 0.01)
@@ -106,6 +103,22 @@ def load_config(path: str | Path) -> dict:
     if config["reference"] not in config["backends"]:
         raise FoldmillError(f"{path}: reference backend {config['reference']!r} is not among the backends")
     return config
+
+
+def check_seeds(seeds: object, what: str) -> None:
+    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in seeds)):
+        raise FoldmillError(f"{what} must be a list of distinct integers, got {seeds!r}")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """--seeds "0,1,2" -> [0, 1, 2]; a one-line error for anything else."""
+    try:
+        seeds = [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise FoldmillError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    check_seeds(seeds, "--seeds")
+    return seeds
 
 
 # ---------------------------------------------------------------- corpus
@@ -432,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     backends = [b for b in (args.backends.split(",") if args.backends else config["backends"]) if b]
     reference = config["reference"] if config["reference"] in backends else backends[0]
-    seeds = [int(seed) for seed in args.seeds.split(",") if seed] if args.seeds else config["seeds"]
+    seeds = parse_seeds(args.seeds) if args.seeds else config["seeds"]
     train = dict(config["train"])
     if args.steps:
         train["steps"] = args.steps
