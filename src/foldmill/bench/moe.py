@@ -430,12 +430,13 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    def foldmill_model(backend: str, compiled: bool = False, recompute: bool = False,
-                       fast_accumulation: bool = True) -> Callable[[], tuple[torch.nn.Module, bool]]:
+    def foldmill_model(backend: str, compiled: bool = False,
+                       **settings: bool) -> Callable[[], tuple[torch.nn.Module, bool]]:
+        """`settings`: ModelConfig fields that differ from the step model's (e.g. recompute_experts)."""
+
         def build() -> tuple[torch.nn.Module, bool]:
             with torch.device(device):
-                model_config = dataclasses.replace(config, expert_backend=backend, recompute_experts=recompute,
-                                                   fp8_fast_accumulation=fast_accumulation)
+                model_config = dataclasses.replace(config, expert_backend=backend, **settings)
                 model = MoEDecoder(model_config).to(torch.bfloat16)
             return (compile_dense_blocks(model) if compiled else model), False
 
@@ -450,10 +451,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             graphed=True)
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
-            foldmill_model(backend, recompute=True), PRECISION[backend], graphed=True)
+            foldmill_model(backend, recompute_experts=True), PRECISION[backend], graphed=True)
     if "fp8_rowwise" in backends:
         row("foldmill fp8_rowwise, CUDA graph, promoted accumulation (moe.fp8_fast_accumulation: false)",
-            foldmill_model("fp8_rowwise", fast_accumulation=False), "fp8", graphed=True)
+            foldmill_model("fp8_rowwise", fp8_fast_accumulation=False), "fp8", graphed=True)
     if "grouped" in backends:
         row("foldmill grouped, CUDA graph, torch's clipping + fused AdamW", foldmill_model("grouped"), "bf16",
             graphed=True, torch_optimizer=True)

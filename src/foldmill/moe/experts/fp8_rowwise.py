@@ -29,7 +29,7 @@ from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_wei
 
 
 def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
-                      ends: torch.Tensor, out_dtype: torch.dtype, fast_accumulation: bool = False) -> torch.Tensor:
+                      ends: torch.Tensor, out_dtype: torch.dtype, fast_accumulation: bool) -> torch.Tensor:
     """a (M, K) row-major FP8 times b column-major FP8, grouped by `ends`, with per-row scales.
 
     b is (experts, K, N) for the 2d-3d case (scales (experts, N)) or (K, N) for the 2d-2d case
