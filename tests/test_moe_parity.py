@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from foldmill.bench.moe_parity import gather_sequences, iter_a3m, load_config, parse_seeds
+from foldmill.bench.moe_parity import check_backends, gather_sequences, iter_a3m, load_config, parse_seeds
 from foldmill.errors import FoldmillError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,6 +152,8 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({**config, "backends": ["grouped", "fp9"]}))
     with pytest.raises(FoldmillError, match="unknown backend.*fp9"):
         load_config(bad)
+    with pytest.raises(FoldmillError, match="--backends: unknown backend.*fp9"):
+        check_backends(["grouped", "fp9"], "--backends")
     bad.write_text(yaml.safe_dump({**config, "reference": "loop"}))
     with pytest.raises(FoldmillError, match="reference backend"):
         load_config(bad)

@@ -27,6 +27,7 @@ import gc
 import hashlib
 import json
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,15 +95,19 @@ def load_config(path: str | Path) -> dict:
     config.setdefault("reference", "grouped")
     config.setdefault("eval_every", 100)
     config.setdefault("tolerance", 0.01)
-    from foldmill.moe.experts import BACKENDS
-
-    unknown = [b for b in config["backends"] if b not in BACKENDS and b not in VARIANTS]
-    if unknown:
-        raise FoldmillError(f"{path}: unknown backend(s) {', '.join(map(str, unknown))}; "
-                            f"known: {', '.join([*BACKENDS, *VARIANTS])}")
+    check_backends(config["backends"], f"{path}: backends")
     if config["reference"] not in config["backends"]:
         raise FoldmillError(f"{path}: reference backend {config['reference']!r} is not among the backends")
     return config
+
+
+def check_backends(backends: list, what: str) -> None:
+    from foldmill.moe.experts import BACKENDS
+
+    unknown = [b for b in backends if b not in BACKENDS and b not in VARIANTS]
+    if unknown:
+        raise FoldmillError(f"{what}: unknown backend(s) {', '.join(map(str, unknown))}; "
+                            f"known: {', '.join([*BACKENDS, *VARIANTS])}")
 
 
 def check_seeds(seeds: object, what: str) -> None:
@@ -241,7 +246,7 @@ def train_backend(name: str, corpus_dir: Path, run_dir: Path, train: dict, model
         "final_train_loss": sum(tail) / len(tail),
         "train_loss_tail_steps": len(tail),
         # Median over the stretches between validations: the first holds compilation and warm-up.
-        "ms_per_step": round(sorted(segment_ms)[len(segment_ms) // 2], 2),
+        "ms_per_step": round(statistics.median_high(segment_ms), 2),
         "wall_s": round(time.perf_counter() - started, 1),
         "model_config": dataclasses.asdict(trainer.model_config),
         "train_config": dataclasses.asdict(config),
@@ -256,28 +261,24 @@ def train_backend(name: str, corpus_dir: Path, run_dir: Path, train: dict, model
     return result
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def average_over_seeds(by_seed: dict[int, dict]) -> dict:
     """One backend's runs folded into one: curves and losses averaged over its seeds."""
     runs = list(by_seed.values())
     first = runs[0]
-    train_loss = [round(_mean(list(values)), 5) for values in zip(*(r["train_loss"] for r in runs), strict=True)]
-    validation = [{"step": points[0]["step"], "val_loss": round(_mean([p["val_loss"] for p in points]), 5)}
+    train_loss = [round(statistics.fmean(values), 5) for values in zip(*(r["train_loss"] for r in runs), strict=True)]
+    validation = [{"step": points[0]["step"], "val_loss": round(statistics.fmean(p["val_loss"] for p in points), 5)}
                   for points in zip(*(r["validation"] for r in runs), strict=True)]
     finals = {seed: r["final_val_loss"] for seed, r in by_seed.items()}
     return {
         "seeds": list(by_seed),
-        "final_val_loss": _mean(list(finals.values())),
+        "final_val_loss": statistics.fmean(finals.values()),
         "final_val_loss_per_seed": finals,
         "train_loss": train_loss,
         "validation": validation,
         "best_val": min(validation, key=lambda v: v["val_loss"]),
         "val_tokens": first["val_tokens"],
-        "final_train_loss": _mean([r["final_train_loss"] for r in runs]),
-        "ms_per_step": sorted(r["ms_per_step"] for r in runs)[len(runs) // 2],
+        "final_train_loss": statistics.fmean(r["final_train_loss"] for r in runs),
+        "ms_per_step": statistics.median_high(r["ms_per_step"] for r in runs),
         "wall_s": round(sum(r["wall_s"] for r in runs), 1),
         "model_config": first["model_config"],
         "train_config": {k: v for k, v in first["train_config"].items() if k != "seed"},
@@ -287,12 +288,11 @@ def average_over_seeds(by_seed: dict[int, dict]) -> dict:
 def compare(runs: dict[str, dict[int, dict]], reference: str, tolerance: float) -> dict[str, dict]:
     """Each backend's final validation loss relative to the reference's of the same seed, and the mean of
     those differences over the seeds both finished, held against the tolerance."""
-    out = {}
+    base, out = runs[reference], {}
     for name, by_seed in runs.items():
-        base = runs[reference]
         per_seed = {seed: (result["final_val_loss"] - base[seed]["final_val_loss"]) / base[seed]["final_val_loss"]
                     for seed, result in by_seed.items() if seed in base}
-        difference = _mean(list(per_seed.values()))
+        difference = statistics.fmean(per_seed.values())
         out[name] = {"rel_diff_vs_reference": difference, "rel_diff_per_seed": per_seed,
                      "within_tolerance": abs(difference) <= tolerance}
     return out
@@ -301,7 +301,7 @@ def compare(runs: dict[str, dict[int, dict]], reference: str, tolerance: float) 
 def seed_spread(by_seed: dict[int, dict]) -> float | None:
     """(max - min) / mean of one backend's final validation losses over its seeds; None with one seed."""
     finals = [r["final_val_loss"] for r in by_seed.values()]
-    return (max(finals) - min(finals)) / _mean(finals) if len(finals) > 1 else None
+    return (max(finals) - min(finals)) / statistics.fmean(finals) if len(finals) > 1 else None
 
 
 # ---------------------------------------------------------------- report
@@ -444,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device.index or 0)
         device = torch.device("cuda", torch.cuda.current_device())
     backends = [b for b in (args.backends.split(",") if args.backends else config["backends"]) if b]
+    check_backends(backends, "--backends")
     reference = config["reference"] if config["reference"] in backends else backends[0]
     seeds = parse_seeds(args.seeds) if args.seeds else config["seeds"]
     train = dict(config["train"])
