@@ -259,7 +259,7 @@ def test_fp8_weight_gradient_gemm_matches_emulation_with_an_empty_group():
     dy = torch.cat([torch.randn(s, 256, generator=generator) * 10.0 ** (g - 2) for g, s in enumerate(sizes)])
     x = torch.randn(dy.shape[0], 128, generator=generator)
     ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
-    gemm = Fp8RowwiseGemm()
+    gemm = Fp8RowwiseGemm(fast_accumulation=True)
     on_gpu = (dy.bfloat16().to(CUDA), x.bfloat16().to(CUDA), ends.to(CUDA))
     got = gemm.wgrad(quantize_group_columns(on_gpu[0], on_gpu[2]), quantize_group_columns(on_gpu[1], on_gpu[2]),
                      on_gpu[2], torch.bfloat16)
@@ -277,13 +277,13 @@ def test_weight_copies_follow_fused_adamw_steps():
     weight = torch.nn.Parameter(torch.randn(2, 64, 128, device=CUDA, dtype=torch.bfloat16) * 0.1)
     x = torch.randn(64, 128, device=CUDA, dtype=torch.bfloat16)
     ends = torch.tensor([32, 64], dtype=torch.int32, device=CUDA)
-    gemm = Fp8RowwiseGemm()
+    gemm = Fp8RowwiseGemm(fast_accumulation=True)
     before, _ = gemm.forward(x, weight, ends)
     optimizer = torch.optim.AdamW([weight], lr=0.05, fused=True)
     weight.grad = torch.randn_like(weight)
     optimizer.step()
     after, _ = gemm.forward(x, weight, ends)
-    fresh, _ = Fp8RowwiseGemm().forward(x, weight, ends)
+    fresh, _ = Fp8RowwiseGemm(fast_accumulation=True).forward(x, weight, ends)
     assert torch.equal(after, fresh) and not torch.equal(after, before)
 
 

@@ -63,7 +63,7 @@ def test_fp8_group_column_scales_factor_out_of_the_weight_gradient():
     generator = torch.Generator().manual_seed(0)
     dy, ends = grouped_rows([32, 0, 48, 16], 24, generator)
     x = torch.randn(dy.shape[0], 40, generator=generator)
-    gemm = Fp8RowwiseGemm()
+    gemm = Fp8RowwiseGemm(fast_accumulation=True)
     got = gemm.wgrad(quantize_group_columns(dy, ends), quantize_group_columns(x, ends), ends, dy.dtype)
     want = F.grouped_mm(dy.t().contiguous(), x, offs=ends)
     assert torch.count_nonzero(got[1]) == 0  # the empty group's gradient
@@ -95,7 +95,7 @@ def test_fp8_dgrad_weight_copy_scales_over_the_contraction():
 
 
 def test_fp8_backend_quantizes_each_weight_once_per_version():
-    gemm = Fp8RowwiseGemm()
+    gemm = Fp8RowwiseGemm(fast_accumulation=True)
     weight = torch.nn.Parameter(torch.randn(2, 32, 64) * 0.1)
     x = torch.randn(64, 64)
     ends = torch.tensor([32, 64], dtype=torch.int32)

@@ -7,12 +7,13 @@ A backend is an `ExpertGemm` (how one grouped linear layer runs forward, dgrad a
 from __future__ import annotations
 
 from foldmill.errors import FoldmillError
+from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
 
 BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
 
 
-def get_backend(name: str, fp8_fast_accumulation: bool = True) -> ExpertGemm:
+def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation) -> ExpertGemm:
     """The expert GEMM backend called `name` (one of BACKENDS); `fp8_fast_accumulation` applies to
     fp8_rowwise (experts.fp8_rowwise)."""
     if name == "loop":

@@ -56,7 +56,7 @@ class Fp8RowwiseGemm:
     # Zero-row groups of the 2d-2d scaled grouped GEMM (wgrad) are not documented to come out zero.
     nonempty_groups = True
 
-    def __init__(self, fast_accumulation: bool = True) -> None:
+    def __init__(self, fast_accumulation: bool) -> None:
         self.weights = WeightCache()
         self.fast_accumulation = fast_accumulation
 
