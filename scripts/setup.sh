@@ -57,13 +57,13 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
-if [ "$mode" = test ] && ! .venv/bin/python -c 'import triton' 2>/dev/null; then
+if [ "$mode" = test ]; then
     # The CPU torch wheel brings no Triton, yet its interpreter runs the kernels' numerics and its
     # compiler builds them for sm_90 (register spills, shared memory) without a GPU. 3.6 is the
     # release they are measured with; where a CUDA torch brought its own Triton, that one stays.
-    .venv/bin/python -m pip install -q "triton==3.6.0"
-fi
-if [ "$mode" = test ]; then
+    if ! .venv/bin/python -c 'import triton' 2>/dev/null; then
+        .venv/bin/python -m pip install -q "triton==3.6.0"
+    fi
     # ColabFold's own search, the oracle of the MSA tests. Its pins (pandas<3, biopython<1.86) clash
     # with foldmill's, so it lives in its own folder and the tests run it in a subprocess.
     .venv/bin/python -m pip install -q --no-deps --upgrade --target .venv/colabfold-oracle \
