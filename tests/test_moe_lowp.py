@@ -166,6 +166,33 @@ COMPILE_CASES = {
         for name, along_rows, keep, warps in [("weights and dy", True, False, 2), ("x and a", False, True, 2),
                                               ("all three", True, True, 4)]
     },
+    # The SwiGLU kernels, plain and writing the MXFP8 backend's copies (kernels/swiglu.py launches).
+    **{
+        f"_swiglu_forward_kernel[{name}]": (
+            "foldmill.moe.kernels.swiglu",
+            {"h_ptr": "*bf16", "p_ptr": "*fp32", "a_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*u8"},
+            ("rows", "ffn"),
+            {"MX_ROUND_TRIP": mx, "BLOCK_R": 32, "BLOCK_F": block_f},
+            None,
+            (warps, 3),
+        )
+        for name, mx, block_f, warps in [("plain", False, 128, 4), ("mx", True, 32, 1)]
+    },
+    "_swiglu_backward_kernel": (
+        "foldmill.moe.kernels.swiglu",
+        {"h_ptr": "*bf16", "p_ptr": "*fp32", "da_ptr": "*bf16", "dh_ptr": "*bf16", "dp_ptr": "*fp32"},
+        ("rows", "ffn"),
+        {"BLOCK_R": 16, "BLOCK_F": 128},
+    ),
+    "_swiglu_backward_mx_kernel": (
+        "foldmill.moe.kernels.swiglu",
+        {"h_ptr": "*bf16", "p_ptr": "*fp32", "da_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16",
+         "dp_ptr": "*fp32"},
+        ("rows", "ffn"),
+        {"BLOCK_F": 32},
+        None,
+        (2, 3),  # swiglu._MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS
+    ),
     "_dequantize_rows_kernel": (
         "foldmill.moe.kernels.mx_quant",
         {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},

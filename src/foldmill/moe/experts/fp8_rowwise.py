@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from foldmill.moe.experts.swiglu import UnfusedSwiGLU
 from foldmill.moe.experts.weights import WeightCache
 from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_weight_copies
 
@@ -49,7 +50,7 @@ def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b
     return (out * a_scale.view(groups, -1, 1) * b_scale.view(groups, 1, -1)).to(out_dtype)
 
 
-class Fp8RowwiseGemm:
+class Fp8RowwiseGemm(UnfusedSwiGLU):
     name = "fp8_rowwise"
     # Hopper's FP8 grouped GEMM wants group boundaries on 16-row multiples.
     pad_multiple = 16

@@ -7,7 +7,9 @@ are padding whose outputs nobody reads.
 A backend runs one grouped linear layer forward, and its backward as the pair (dgrad, wgrad).
 `forward` also returns what the weight gradient will need of x ("saved"): x itself for bf16, an
 8-bit copy quantized the way wgrad consumes it for the 8-bit backends, so the quantization happens
-in the pass that already reads x and the saved activation is half the size.
+in the pass that already reads x and the saved activation is half the size. A backend also runs
+the SwiGLU between its two GEMMs, so that it can have that kernel write the next GEMM's operands
+in the form it consumes them (the MXFP8 backend does).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from foldmill.moe.experts.swiglu import UnfusedSwiGLU
 
 
 class ExpertGemm(Protocol):
@@ -35,6 +39,14 @@ class ExpertGemm(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(dx (rows, K) = dy_e w_e per group, dw (experts, N, K) = dy_e^T x_e per group)."""
 
+    def swiglu_forward(self, h: torch.Tensor, row_probs: torch.Tensor) -> object:
+        """SwiGLU's output a (experts.swiglu) in a form `forward` takes as x."""
+
+    def swiglu_backward(
+        self, h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor
+    ) -> tuple[object, torch.Tensor]:
+        """(grad_h in a form `backward` takes as dy, grad_row_probs)."""
+
 
 def group_bounds(ends: torch.Tensor) -> list[tuple[int, int]]:
     """[(start, end)] per expert (synchronizes with the device: loop backend and emulations only)."""
@@ -42,7 +54,7 @@ def group_bounds(ends: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip([0, *stops[:-1]], stops))
 
 
-class LoopGemm:
+class LoopGemm(UnfusedSwiGLU):
     """One matmul per expert in a Python loop: what Hugging Face's eager Mixtral does."""
 
     name = "loop"
@@ -66,7 +78,7 @@ class LoopGemm:
         return dx, dw
 
 
-class GroupedGemm:
+class GroupedGemm(UnfusedSwiGLU):
     """bf16 grouped GEMM (`torch.nn.functional.grouped_mm`): one launch for all experts, no host sync."""
 
     name = "grouped"

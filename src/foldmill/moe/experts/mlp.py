@@ -3,7 +3,9 @@
 forward:  h = GEMM(x, w13);  a = silu(h_gate) * h_up * p;  y = GEMM(a, w2)
 backward: (da, dw2) = GEMM'(dy, w2, a);  (dh, dp) = SwiGLU'(h, p, da);  (dx, dw13) = GEMM'(dh, w13, x)
 Which GEMMs run (bf16 loop or grouped, FP8, MXFP8) is the backend's business; so is the form in
-which x and a are kept for the weight gradients (8-bit backends keep them quantized).
+which x and a are kept for the weight gradients (8-bit backends keep them quantized), and the form
+in which the SwiGLU hands a and grad_h to the GEMMs (the MXFP8 backend's SwiGLU writes their MXFP8
+copies directly).
 
 With `recompute`, the forward keeps x instead of h (rows x 2F, the largest activation of the step)
 and x's 8-bit copy, and the backward runs the first GEMM again: the same operands through the same
@@ -15,14 +17,13 @@ from __future__ import annotations
 import torch
 
 from foldmill.moe.experts.gemm import ExpertGemm
-from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 
 
 class GroupedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, row_probs, w13, w2, ends, gemm: ExpertGemm, recompute: bool):
         h, x_saved = gemm.forward(x, w13, ends)
-        a, _ = swiglu_forward(h, row_probs, quantize=False)
+        a = gemm.swiglu_forward(h, row_probs)
         y, a_saved = gemm.forward(a, w2, ends)
         ctx.gemm, ctx.recompute = gemm, recompute
         # Backend-specific forms of x and a may be tuples or MXFP8 tensors: kept on ctx.
@@ -36,7 +37,7 @@ class GroupedSwiGLUExperts(torch.autograd.Function):
         gemm = ctx.gemm
         h, x_saved = gemm.forward(kept, w13, ends) if ctx.recompute else (kept, ctx.x_saved)
         grad_a, grad_w2 = gemm.backward(grad_y.contiguous(), w2, ctx.a_saved, ends)
-        grad_h, grad_probs = swiglu_backward(h, row_probs, grad_a)
+        grad_h, grad_probs = gemm.swiglu_backward(h, row_probs, grad_a)
         grad_x, grad_w13 = gemm.backward(grad_h, w13, x_saved, ends)
         ctx.x_saved = ctx.a_saved = None
         return grad_x, grad_probs.to(row_probs.dtype), grad_w13, grad_w2, None, None, None

@@ -10,16 +10,21 @@ Each copy is quantized from the high-precision tensor. Where the GEMMs run (`gem
   writes the exact values of its MXFP8 copy in bf16 and cuBLAS's bf16 grouped GEMM (fp32
   accumulation) multiplies them: the same products as a block-scaled MMA, at bf16 tensor-core speed.
   The weights' copies are made once per optimizer step; x's along-tokens copy for wgrad is made in
-  the forward pass and saved as MXFP8 (1 byte + 1/32 scale per value instead of 2).
+  the forward pass and saved as MXFP8 (1 byte + 1/32 scale per value instead of 2). The SwiGLU
+  kernels write the copies of their outputs (a, and the gradient of h) themselves
+  (`ExactCopies`), so those tensors are never written in full precision and read back.
 - "emulated" (CPU): the same steps in torch, float32 GEMMs: the numerical reference.
 PyTorch's MXFP8 scaled_grouped_mm is never called: on sm90 it launches an sm100 kernel that poisons the context.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 from foldmill.moe.experts.weights import WeightCache
 from foldmill.moe.kernels import compute_capability, use_triton
 from foldmill.moe.quant.mx import MXTensor, quantize_mx
@@ -96,6 +101,54 @@ def _weight_copies(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return along_k, along_n
 
 
+@dataclass
+class ExactCopies:
+    """An activation handed to the next GEMM as the exact values of its MXFP8 copies, made by the
+    kernel that produced it: blocks along its columns (the next GEMM's contraction), and either
+    blocks along its rows as values (a gradient, for wgrad) or as the MXFP8 copy kept for wgrad."""
+
+    along_cols: torch.Tensor
+    along_rows: torch.Tensor | None
+    kept: MXTensor | None
+    dtype: torch.dtype
+
+
+def input_copies(x: torch.Tensor) -> ExactCopies:
+    """A GEMM input's copies (values blocked along K, the along-rows copy kept for wgrad) in one pass."""
+    values, _, kept = round_trip(x, along_cols=True, along_rows=False, keep_along_rows=True)
+    return ExactCopies(values, None, kept, x.dtype)
+
+
+def gradient_copies(dy: torch.Tensor) -> ExactCopies:
+    """An output gradient's copies (values blocked along N for dgrad, along the rows for wgrad) in one pass."""
+    along_cols, along_rows, _ = round_trip(dy, along_cols=True, along_rows=True)
+    return ExactCopies(along_cols, along_rows, None, dy.dtype)
+
+
+def swiglu_forward_copies(h: torch.Tensor, row_probs: torch.Tensor) -> ExactCopies:
+    """SwiGLU's output a as `input_copies` would give it, written by the SwiGLU kernel itself."""
+    if use_triton(h):
+        from foldmill.moe.kernels.swiglu import swiglu_forward_mx_triton
+
+        values, kept = swiglu_forward_mx_triton(h, row_probs)
+        return ExactCopies(values, None, kept, h.dtype)
+    return input_copies(swiglu_forward(h, row_probs))
+
+
+def swiglu_backward_copies(
+    h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor
+) -> tuple[ExactCopies, torch.Tensor]:
+    """(grad_h as `gradient_copies` would give it, written by the SwiGLU backward kernel itself;
+    grad_row_probs)."""
+    if use_triton(h):
+        from foldmill.moe.kernels.swiglu import swiglu_backward_mx_triton
+
+        along_cols, along_rows, grad_probs = swiglu_backward_mx_triton(h, row_probs, grad_a)
+        return ExactCopies(along_cols, along_rows, None, h.dtype), grad_probs
+    grad_h, grad_probs = swiglu_backward(h, row_probs, grad_a)
+    return gradient_copies(grad_h), grad_probs
+
+
 class MXFP8Gemm:
     name = "mxfp8"
     pad_multiple = BLOCK
@@ -104,21 +157,33 @@ class MXFP8Gemm:
     def __init__(self) -> None:
         self.weights = WeightCache()
 
+    def swiglu_forward(self, h, row_probs):
+        if gemm_route(h) == "block_scaled":
+            return swiglu_forward(h, row_probs)
+        return swiglu_forward_copies(h, row_probs)
+
+    def swiglu_backward(self, h, row_probs, grad_a):
+        if gemm_route(h) == "block_scaled":
+            return swiglu_backward(h, row_probs, grad_a)
+        return swiglu_backward_copies(h, row_probs, grad_a)
+
     def forward(self, x, w, ends):
-        if gemm_route(x) == "block_scaled":
-            w_mx = self.weights.get("forward", w, quantize)
-            return mx_grouped_mm(quantize(x), w_mx, ends, x.dtype), x
-        x_values, _, x_saved = round_trip(x, along_cols=True, along_rows=False, keep_along_rows=True)
+        if not isinstance(x, ExactCopies):  # ExactCopies come from this backend's SwiGLU
+            if gemm_route(x) == "block_scaled":
+                w_mx = self.weights.get("forward", w, quantize)
+                return mx_grouped_mm(quantize(x), w_mx, ends, x.dtype), x
+            x = input_copies(x)
         w_values, _ = self.weights.get("copies", w, _weight_copies)
-        return F.grouped_mm(x_values, w_values.transpose(-2, -1), offs=ends).to(x.dtype), x_saved
+        return F.grouped_mm(x.along_cols, w_values.transpose(-2, -1), offs=ends).to(x.dtype), x.kept
 
     def backward(self, dy, w, saved, ends):
-        if gemm_route(dy) == "block_scaled":
-            wt_mx = self.weights.get("dgrad", w, lambda t: quantize(t.transpose(-2, -1)))
-            dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
-            return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
-        dy_along_n, dy_along_tokens, _ = round_trip(dy, along_cols=True, along_rows=True)
+        if not isinstance(dy, ExactCopies):
+            if gemm_route(dy) == "block_scaled":
+                wt_mx = self.weights.get("dgrad", w, lambda t: quantize(t.transpose(-2, -1)))
+                dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
+                return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
+            dy = gradient_copies(dy)
         _, w_along_n = self.weights.get("copies", w, _weight_copies)
-        dx = F.grouped_mm(dy_along_n, w_along_n, offs=ends).to(dy.dtype)
-        dw = F.grouped_mm(dy_along_tokens.t(), along_rows_values(saved), offs=ends).to(dy.dtype)
+        dx = F.grouped_mm(dy.along_cols, w_along_n, offs=ends).to(dy.dtype)
+        dw = F.grouped_mm(dy.along_rows.t(), along_rows_values(saved), offs=ends).to(dy.dtype)
         return dx, dw

@@ -2,8 +2,8 @@
 
 Same rules as quant/mx_reference.py, bit for bit: exponent from the block maximum's bits
 (e = exp(amax) - 8, plus one when amax's mantissa exceeds 1.75 = 448 / 2^8; clamped at -127);
-elements x * 2^-e, which is exact, then one round-to-nearest-even cast; blocks holding NaN or Inf
-become scale 0xFF with NaN elements. Reads any strides (so transposed copies for dgrad and wgrad
+elements x * 2^-e, which is exact, then one round to nearest even onto the E4M3 grid; blocks
+holding NaN or Inf become scale 0xFF with NaN elements. Reads any strides (so transposed copies for dgrad and wgrad
 are quantized straight from the bf16 tensor), writes contiguous data and scales.
 """
 
@@ -17,13 +17,6 @@ from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
-def flush_below_e4m3(scaled):
-    """Signed zero for |x| <= 2^-10 (half the smallest E4M3 subnormal, a tie that rounds to even 0):
-    the hardware float32 -> E4M3 conversion returns wrong bytes for float32 subnormal inputs."""
-    return tl.where(tl.abs(scaled) <= 0.0009765625, scaled * 0.0, scaled)
-
-
-@triton.jit
 def _rceil_exponent(amax):
     """RCEIL scale exponent (int32) of non-negative finite float32 block maxima, clamped at -127."""
     bits = amax.to(tl.int32, bitcast=True)
@@ -34,18 +27,43 @@ def _rceil_exponent(amax):
 
 
 @triton.jit
+def block_exponent(values, AXIS: tl.constexpr):
+    """RCEIL exponents (int32) of the 32-value blocks along AXIS, and whether each block is finite."""
+    finite = (values == values) & (tl.abs(values) != float("inf"))
+    block_finite = tl.min(finite.to(tl.int32), axis=AXIS) == 1
+    amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=AXIS)
+    return _rceil_exponent(amax), block_finite
+
+
+@triton.jit
+def exact_mx_values(values, exponent, finite):
+    """(exact float32 values of the E4M3 elements of values * 2^-e times 2^e, those elements as float32).
+
+    `exponent` and `finite` broadcast against `values`; NaN where the block is not finite. Rounds
+    |x| * 2^-e to the E4M3 grid (step 2^(binade - 3), or 2^-9 below the smallest normal 2^-6)
+    by adding and subtracting a number whose float32 ulp is that step: round to nearest even,
+    exactly what the cast does, in arithmetic instead of three conversions per value.
+    """
+    inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    bits = (values * inverse).to(tl.int32, bitcast=True)
+    sign = bits & -2147483648
+    magnitude = bits & 0x7FFFFFFF
+    step_field = tl.maximum(magnitude >> 23, 121) - 3
+    shifter = (((step_field + 23) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    rounded = (magnitude.to(tl.float32, bitcast=True) + shifter) - shifter
+    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+    factor = tl.where(exponent == -127, 5.877471754111438e-39, factor)  # 2^-127 is subnormal
+    exact = ((rounded * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    elements = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return tl.where(finite, exact, float("nan")), tl.where(finite, elements, float("nan"))
+
+
+@triton.jit
 def mx_quantize_blocks(values):
     """values (rows, blocks, 32) float32 -> (float8e4nv elements, uint8 scales (rows, blocks))."""
-    finite = values == values
-    finite = finite & (tl.abs(values) != float("inf"))
-    block_finite = tl.min(finite.to(tl.int32), axis=2) == 1
-    amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=2)
-    exponent = _rceil_exponent(amax)
-    inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    scaled = flush_below_e4m3(values * inverse[:, :, None])
-    scaled = tl.where(block_finite[:, :, None], scaled, float("nan"))
-    scale = tl.where(block_finite, exponent + 127, 255).to(tl.uint8)
-    return scaled.to(tl.float8e4nv), scale
+    exponent, finite = block_exponent(values, 2)
+    _, elements = exact_mx_values(values, exponent[:, :, None], finite[:, :, None])
+    return elements.to(tl.float8e4nv), tl.where(finite, exponent + 127, 255).to(tl.uint8)
 
 
 @triton.jit
@@ -86,20 +104,6 @@ def quantize_mx_triton(values: torch.Tensor) -> MXTensor:
 
 
 @triton.jit
-def mx_quantize_columns(values):
-    """values (32, C) float32, one block per column -> (float8e4nv elements (32, C), uint8 scales (C,))."""
-    finite = values == values
-    finite = finite & (tl.abs(values) != float("inf"))
-    block_finite = tl.min(finite.to(tl.int32), axis=0) == 1
-    amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=0)
-    exponent = _rceil_exponent(amax)
-    inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    scaled = tl.where(block_finite[None, :], flush_below_e4m3(values * inverse[None, :]), float("nan"))
-    scale = tl.where(block_finite, exponent + 127, 255).to(tl.uint8)
-    return scaled.to(tl.float8e4nv), scale
-
-
-@triton.jit
 def scale_factor(scales):
     """E8M0 bytes -> float32 2^(byte - 127); 0 is the subnormal 2^-127, 255 is NaN."""
     factor = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
@@ -108,9 +112,28 @@ def scale_factor(scales):
 
 
 @triton.jit
-def mx_dequantize_blocks(elements, scales):
-    """(rows, blocks, 32) E4M3 elements and (rows, blocks) E8M0 scales -> exact float32 values."""
-    return elements.to(tl.float32) * scale_factor(scales)[:, :, None]
+def store_round_trip(
+    values, out, mask, by_cols_ptr, by_rows_ptr, mx_data_ptr, mx_scale_ptr, scale_offsets, scale_mask,
+    ALONG_COLS_VALUES: tl.constexpr, ALONG_ROWS_VALUES: tl.constexpr, ALONG_ROWS_MX: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Store the MXFP8 copies of one float32 tile of 32 rows (the first on a multiple of 32) x BLOCK_C
+    columns: exact values with blocks along the columns and/or along the rows at `out`, and the
+    along-rows elements and scales themselves. Shared by the round trip and by the kernels that
+    produce the operands (SwiGLU forward and backward), which so never write the plain tensor."""
+    if ALONG_COLS_VALUES:
+        blocks = tl.reshape(values, (32, BLOCK_C // 32, 32))
+        exponent, finite = block_exponent(blocks, 2)
+        exact, _ = exact_mx_values(blocks, exponent[:, :, None], finite[:, :, None])
+        tl.store(by_cols_ptr + out, tl.reshape(exact, (32, BLOCK_C)).to(by_cols_ptr.dtype.element_ty), mask=mask)
+    if ALONG_ROWS_VALUES or ALONG_ROWS_MX:
+        exponent, finite = block_exponent(values, 0)
+        exact, elements = exact_mx_values(values, exponent[None, :], finite[None, :])
+        if ALONG_ROWS_VALUES:
+            tl.store(by_rows_ptr + out, exact.to(by_rows_ptr.dtype.element_ty), mask=mask)
+        if ALONG_ROWS_MX:
+            tl.store(mx_data_ptr + out, elements.to(tl.float8e4nv), mask=mask)
+            tl.store(mx_scale_ptr + scale_offsets, tl.where(finite, exponent + 127, 255).to(tl.uint8), mask=scale_mask)
 
 
 @triton.jit
@@ -128,24 +151,15 @@ def _dual_kernel(
     x_ptrs = x_ptr + batch * stride_xb + offs_r[:, None].to(tl.int64) * stride_xr + offs_c[None, :] * stride_xc
     values = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     out = batch.to(tl.int64) * rows * cols + offs_r[:, None].to(tl.int64) * cols + offs_c[None, :]
-    if ALONG_COLS_VALUES:
-        elements, scales = mx_quantize_blocks(tl.reshape(values, (32, BLOCK_C // 32, 32)))
-        exact = tl.reshape(mx_dequantize_blocks(elements, scales), (32, BLOCK_C))
-        tl.store(by_cols_ptr + out, exact.to(by_cols_ptr.dtype.element_ty), mask=mask)
-    if ALONG_ROWS_VALUES or ALONG_ROWS_MX:
-        column_elements, column_scales = mx_quantize_columns(values)
-        if ALONG_ROWS_VALUES:
-            exact = column_elements.to(tl.float32) * scale_factor(column_scales)[None, :]
-            tl.store(by_rows_ptr + out, exact.to(by_rows_ptr.dtype.element_ty), mask=mask)
-        if ALONG_ROWS_MX:
-            tl.store(mx_data_ptr + out, column_elements, mask=mask)
-            scale_offsets = batch.to(tl.int64) * (rows // 32) * cols + pid_r * cols + offs_c
-            tl.store(mx_scale_ptr + scale_offsets, column_scales, mask=offs_c < cols)
+    scale_offsets = batch.to(tl.int64) * (rows // 32) * cols + pid_r * cols + offs_c
+    store_round_trip(values, out, mask, by_cols_ptr, by_rows_ptr, mx_data_ptr, mx_scale_ptr, scale_offsets,
+                     offs_c < cols, ALONG_COLS_VALUES, ALONG_ROWS_VALUES, ALONG_ROWS_MX, BLOCK_C)
 
 
-# Columns per 32-row program and warps, measured on the H200 over 16 and 12 choices at bio_8x1b's
-# operand shapes: the round trips of one layer's operands take 1.59 ms against 1.78 with 4 warps;
-# the dequantization 0.15 ms against 0.20 with 64 columns. Both compile without spills
+# Columns per 32-row program and warps, measured on the H200 at bio_8x1b's operand shapes: the
+# round trips of one layer's activations (x, a, dy, dh) take 0.83 ms against 1.11 with 4 warps and
+# 1.19 with 128 columns (the rounding done by conversions instead: 0.95; 3-D tiles without reshapes:
+# 1.18); the dequantization 0.15 ms against 0.20 with 64 columns. Both compile without spills
 # (tests/test_moe_lowp.py); all three outputs at once would spill with 2 warps, so take 4 there.
 _DUAL_BLOCK_C, _DUAL_WARPS = 64, 2
 _DEQUANT_BLOCK_C, _DEQUANT_WARPS = 256, 2
