@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--step-model", default="bio_8x1b", help="model config for the full training step")
     parser.add_argument("--step-layers", type=int, default=0, help="override the step model's layer count (0 = keep)")
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--large-step-tokens", type=int, default=32768,
+                        help="tokens per step of the larger-batch step rows: captured steps, HF grouped_mm (0 skips)")
     parser.add_argument("--backends", default="grouped,fp8_rowwise,mxfp8")
     parser.add_argument("--repeats", type=int, default=10)
     parser.set_defaults(handler=run)
@@ -336,7 +338,8 @@ def add_speedups(results: list[dict]) -> None:
 
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
-               peaks: dict[str, float]) -> list[dict]:
+               peaks: dict[str, float], captured_only: bool = False) -> list[dict]:
+    """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches)."""
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
@@ -442,13 +445,19 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    for implementation in ("eager", "grouped_mm"):
+    for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
-    for backend in backends:
+    for backend in [] if captured_only else backends:
         row(f"foldmill {backend}", foldmill_model(backend), PRECISION[backend])
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), PRECISION[backend],
             graphed=True)
+    if captured_only:
+        if "grouped" in backends:
+            row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
+                graphed=True)
+        add_speedups(results)
+        return results
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
             foldmill_model(backend, recompute_experts=True), PRECISION[backend], graphed=True)
@@ -520,6 +529,10 @@ def run(args: argparse.Namespace) -> int:
     if "step" in sections:
         rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks)
         save()
+        if args.large_step_tokens:
+            rows += bench_step(args.step_model, args.step_layers, args.large_step_tokens, args.seq_len, backends,
+                               args.repeats, peaks, captured_only=True)
+            save()
     print(markdown_table(rows))
     return 0
 
