@@ -36,6 +36,14 @@ def block_exponent(values, AXIS: tl.constexpr):
 
 
 @triton.jit
+def scale_factor(scales):
+    """E8M0 bytes -> float32 2^(byte - 127); 0 is the subnormal 2^-127, 255 is NaN."""
+    factor = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    factor = tl.where(scales == 0, 5.877471754111438e-39, factor)
+    return tl.where(scales == 255, float("nan"), factor)
+
+
+@triton.jit
 def exact_mx_values(values, exponent, finite):
     """(exact float32 values of the E4M3 elements of values * 2^-e times 2^e, those elements as float32).
 
@@ -51,9 +59,7 @@ def exact_mx_values(values, exponent, finite):
     step_field = tl.maximum(magnitude >> 23, 121) - 3
     shifter = (((step_field + 23) << 23) | 0x400000).to(tl.float32, bitcast=True)
     rounded = (magnitude.to(tl.float32, bitcast=True) + shifter) - shifter
-    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    factor = tl.where(exponent == -127, 5.877471754111438e-39, factor)  # 2^-127 is subnormal
-    exact = ((rounded * factor).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    exact = ((rounded * scale_factor(exponent + 127)).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     elements = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return tl.where(finite, exact, float("nan")), tl.where(finite, elements, float("nan"))
 
@@ -104,14 +110,6 @@ def quantize_mx_triton(values: torch.Tensor) -> MXTensor:
 
 
 @triton.jit
-def scale_factor(scales):
-    """E8M0 bytes -> float32 2^(byte - 127); 0 is the subnormal 2^-127, 255 is NaN."""
-    factor = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    factor = tl.where(scales == 0, 5.877471754111438e-39, factor)
-    return tl.where(scales == 255, float("nan"), factor)
-
-
-@triton.jit
 def store_round_trip(
     values, out, mask, by_cols_ptr, by_rows_ptr, mx_data_ptr, mx_scale_ptr, scale_offsets, scale_mask,
     ALONG_COLS_VALUES: tl.constexpr, ALONG_ROWS_VALUES: tl.constexpr, ALONG_ROWS_MX: tl.constexpr,
@@ -156,6 +154,13 @@ def _dual_kernel(
                      offs_c < cols, ALONG_COLS_VALUES, ALONG_ROWS_VALUES, ALONG_ROWS_MX, BLOCK_C)
 
 
+def require_blocks(shape: tuple[int, ...], blocks_along_rows: bool) -> None:
+    """MXFP8 copies block the last dimension by 32, and the second-last too when `blocks_along_rows`."""
+    if shape[-1] % BLOCK or (blocks_along_rows and shape[-2] % BLOCK):
+        raise ValueError(f"MXFP8 blocks of {BLOCK} need both dimensions to be multiples of {BLOCK}, "
+                         f"got {tuple(shape)}")
+
+
 # Columns per 32-row program and warps, measured on the H200 at bio_8x1b's operand shapes: the
 # round trips of one layer's activations (x, a, dy, dh) take 0.83 ms against 1.11 with 4 warps and
 # 1.19 with 128 columns (the rounding done by conversions instead: 0.95; 3-D tiles without reshapes:
@@ -178,9 +183,7 @@ def mx_round_trip_triton(
     """
     view = values if values.dim() == 3 else values.unsqueeze(0)
     batches, rows, cols = view.shape
-    if cols % BLOCK or (rows % BLOCK and (along_rows or keep_along_rows)):
-        raise ValueError(f"MXFP8 blocks of {BLOCK} need both dimensions to be multiples of {BLOCK}, "
-                         f"got {tuple(view.shape)}")
+    require_blocks(view.shape, blocks_along_rows=along_rows or keep_along_rows)
     device = values.device
     by_cols = torch.empty(view.shape, dtype=dtype, device=device) if along_cols else None
     by_rows = torch.empty(view.shape, dtype=dtype, device=device) if along_rows else None

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from foldmill.moe.kernels.mx_quant import store_round_trip
+from foldmill.moe.kernels.mx_quant import require_blocks, store_round_trip
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
@@ -109,12 +109,6 @@ _MX_FORWARD_BLOCK_F, _MX_FORWARD_WARPS = 32, 1
 _MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS = 32, 2
 
 
-def _check_mx_shape(rows: int, ffn: int) -> None:
-    if rows % BLOCK or ffn % BLOCK:
-        raise ValueError(f"MXFP8 copies need rows and the expert FFN size to be multiples of {BLOCK}, "
-                         f"got {rows} rows and FFN {ffn}")
-
-
 def swiglu_forward_triton(h: torch.Tensor, row_probs: torch.Tensor) -> torch.Tensor:
     """a (rows, F) in h's dtype."""
     h = h.contiguous()
@@ -131,7 +125,7 @@ def swiglu_forward_mx_triton(h: torch.Tensor, row_probs: torch.Tensor) -> tuple[
     an MXTensor of a's transposed view), without writing a itself."""
     h = h.contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
-    _check_mx_shape(rows, ffn)
+    require_blocks((rows, ffn), blocks_along_rows=True)
     values = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
     data = torch.empty((rows, ffn), dtype=torch.float8_e4m3fn, device=h.device)
     scale = torch.empty((rows // BLOCK, ffn), dtype=torch.uint8, device=h.device)
@@ -161,7 +155,7 @@ def swiglu_backward_mx_triton(
     in h's dtype; grad_row_probs (rows,) float32), without writing grad_h itself."""
     h, grad_a = h.contiguous(), grad_a.contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
-    _check_mx_shape(rows, ffn)
+    require_blocks((rows, ffn), blocks_along_rows=True)
     along_cols, along_rows = torch.empty_like(h), torch.empty_like(h)
     chunks = triton.cdiv(ffn, _MX_BACKWARD_BLOCK_F)
     grad_p_parts = torch.empty((chunks, rows), dtype=torch.float32, device=h.device)
