@@ -77,6 +77,18 @@ def test_8bit_backends_match_reference_within_format_error(backend):
     assert errors["output"] > 1e-3
 
 
+@pytest.mark.parametrize(("backend", "multiple"), [("mxfp8", 32), ("fp8_rowwise", 16)])
+def test_8bit_backends_refuse_expert_sizes_they_cannot_block(backend, multiple):
+    """The MXFP8 kernels (SwiGLU included) block the FFN dimension by 32, the FP8 GEMMs align it by 16:
+    a config that cannot be blocked is refused up front, in one line naming the sizes."""
+    from foldmill.errors import FoldmillError
+
+    with pytest.raises(FoldmillError, match=rf"^expert backend {backend} needs hidden_size and ffn_size "
+                                            rf"divisible by {multiple}, got 64 and 104$"):
+        ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=104, expert_backend=backend)
+    ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=128, expert_backend=backend)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_fp8_accumulation_setting_reaches_the_backend(fast):
     """moe.fp8_fast_accumulation travels from the training config to the FP8 backend's GEMM calls
