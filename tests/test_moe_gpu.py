@@ -94,7 +94,8 @@ def test_fused_swiglu_and_permute_match_torch():
     assert torch.allclose(sum_rows_triton(rows, plan.slot_rows).float(), 2 * x.float(), rtol=1e-2)
 
 
-@pytest.mark.parametrize(("backend", "tolerance"), [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1)])
+@pytest.mark.parametrize(("backend", "tolerance"),
+                         [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1)])
 def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     from test_moe_experts import compare_with_reference
 
@@ -200,7 +201,8 @@ def test_swiglu_kernels_write_the_same_mxfp8_copies_as_the_separate_round_trip(f
     assert bool(((grad_p - want_grad_p).abs()[finite] <= 1e-5 * magnitude[finite]).all())
 
 
-def test_fp8_group_column_kernels_match_torch():
+@pytest.mark.parametrize("expert_rows", [96, 40])  # TMA; pointer stores and 8-row maxima
+def test_fp8_group_column_kernels_match_torch(expert_rows):
     from foldmill.moe.kernels.fp8_quant import quantize_group_columns_triton, quantize_weight_columns_triton
     from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise
 
@@ -213,14 +215,15 @@ def test_fp8_group_column_kernels_match_torch():
     assert torch.allclose(scale.cpu(), want_scale, rtol=1e-6, atol=0)
     got, want = data.cpu().float(), want_data.float()
     assert float((got - want).abs().max()) <= float(want.abs().max()) * 2**-3
-    weight = (torch.randn(3, 96, 64, generator=generator) * torch.linspace(0.01, 10, 64)).bfloat16()
+    weight = (torch.randn(3, expert_rows, 64, generator=generator) * torch.linspace(0.01, 10, 64)).bfloat16()
     data, scale = quantize_weight_columns_triton(weight.to(CUDA))
     want_data, want_scale = quantize_rowwise(weight.transpose(-2, -1))
     assert torch.allclose(scale.cpu(), want_scale, rtol=1e-6, atol=0)
     assert float((data.cpu().float() - want_data.float()).abs().max()) <= 448 * 2**-3
 
 
-def test_fp8_combined_quantizer_matches_the_separate_kernels():
+@pytest.mark.parametrize("padding_rows", [16, 8])  # the transposed copy stored by TMA; by pointers
+def test_fp8_combined_quantizer_matches_the_separate_kernels(padding_rows):
     from foldmill.moe.kernels.fp8_quant import (
         quantize_group_columns_triton,
         quantize_rows_and_group_columns_triton,
@@ -232,7 +235,7 @@ def test_fp8_combined_quantizer_matches_the_separate_kernels():
     generator = torch.Generator().manual_seed(8)
     sizes = [64, 0, 112, 48, 1040]
     x = torch.cat([torch.randn(s, 200, generator=generator) * 10.0 ** (g - 2) for g, s in enumerate(sizes)])
-    x = torch.cat([x, torch.randn(16, 200, generator=generator)]).bfloat16().to(CUDA)  # 16 padding rows
+    x = torch.cat([x, torch.randn(padding_rows, 200, generator=generator)]).bfloat16().to(CUDA)
     ends = torch.tensor(sizes).cumsum(0).to(torch.int32).to(CUDA)
     end = int(ends[-1])
     (row_data, row_scale), (data, scale) = quantize_rows_and_group_columns_triton(x, ends)
@@ -377,7 +380,6 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
     """moe.cuda_graphs: replayed forward + backward steps give the eager run's losses and weights,
     and eager code after the replays (evaluation) reads 8-bit copies of the current weights."""
     import copy
-    import dataclasses
 
     from foldmill.moe.config import ModelConfig
     from foldmill.moe.model.decoder import MoEDecoder

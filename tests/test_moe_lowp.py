@@ -150,7 +150,7 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 COMPILE_CASES = {
-    # kernel name: (module, pointer dtypes, integer arguments, constants[, float arguments[, (warps, stages)]])
+    # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton
     # launches them with (mx_quant._DUAL_BLOCK_C, _DUAL_WARPS; 4 warps for all three outputs).
     **{
@@ -207,27 +207,38 @@ COMPILE_CASES = {
         ("seq", "heads", "cos_stride_b"),
         {"SIGN": 1.0, "BLOCK_H": 16, "HALF": 64},
     ),
-    "_partial_amax_kernel": (
+    "_tile_maxima_kernel": (
         "foldmill.moe.kernels.fp8_quant",
-        {"x_ptr": "*bf16", "partial_ptr": "*fp32", "row_amax_ptr": "*fp32", "ends_ptr": "*i32"},
-        ("cols", "stride_r", "chunks"),
-        {"ROWWISE": True, "CHUNK": 1024, "BLOCK_R": 128, "BLOCK_C": 32},
+        {"x_ptr": "*bf16", "row_partial_ptr": "*fp32", "col_partial_ptr": "*bf16", "ends_ptr": "*i32"},
+        ("groups", "rows", "cols", "stride_r"),
+        {"SUBS": 4, "SUB": 16, "BLOCK_C": 256},  # fp8_quant._MAXIMA_BLOCK_R // _SUB, _SUB, _MAXIMA_BLOCK_C
         None,
-        (4, 2),
+        (4, 3),
     ),
-    # Activations (rows of all groups) and weights (each expert's rows written to its own block).
+    "_row_scale_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"row_partial_ptr": "*fp32", "row_scale_ptr": "*fp32", "ends_ptr": "*i32"},
+        ("groups", "rows", "partials"),
+        {"BLOCK_P": 8, "BLOCK_R": 256},
+    ),
+    "_group_scale_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"col_partial_ptr": "*bf16", "ends_ptr": "*i32", "scale_ptr": "*fp32"},
+        ("cols",),
+        {"BLOCK_S": 32, "BLOCK_C": 128, "SUB": 16},
+    ),
+    # Both copies with the transposed one stored by TMA, and the transposed copy alone by pointers.
     **{
-        f"_chunk_cast_kernel[{name}]": (
+        f"_cast_kernel[{name}]": (
             "foldmill.moe.kernels.fp8_quant",
-            {"x_ptr": "*bf16", "partial_ptr": "*fp32", "ends_ptr": "*i32", "data_ptr": "*fp8e4nv",
-             "scale_ptr": "*fp32", "row_amax_ptr": "*fp32", "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
-            ("cols", "stride_r", "chunks", "out_stride_g", "out_stride_c"),
-            {"ROWWISE": True, "LOCAL_ROWS": local_rows, "CHUNK": 1024, "CHUNKS": chunks, "BLOCK_R": 128,
-             "BLOCK_C": 32},
-            None,
-            (4, 2),
+            {"x_ptr": "*bf16", "ends_ptr": "*i32", "scale_ptr": "*fp32", "data_ptr": "*fp8e4nv",
+             "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
+            ("groups", "cols", "stride_r", "out_stride_c", "out_group_shift", "group_rows"),
+            {"ROWWISE": rowwise, "TMA": tma, "BLOCK_R": 64, "BLOCK_C": 64, **({} if tma else {"data_desc": None})},
+            {"data_desc": "tensordesc<fp8e4nv[1, 64, 64]>"} if tma else None,  # _CAST_BLOCK_C, _CAST_BLOCK_R
+            (4 if tma else 8, 1),  # _CAST_WARPS, _CAST_POINTER_WARPS
         )
-        for name, local_rows, chunks in [("activations", 0, 16), ("weights", 1, 64)]
+        for name, rowwise, tma in [("both copies, TMA", True, True), ("transposed copy, pointers", False, False)]
     },
     "_adamw_kernel": (
         "foldmill.moe.kernels.adamw",
@@ -250,10 +261,10 @@ def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
     if not HAS_TRITON:
         pytest.skip("triton not installed")
     module, pointers, integers, constants, *options = COMPILE_CASES[name]
-    floats = options[0] if options else None
+    typed = options[0] if options else None  # arguments neither pointers nor i32 (floats, tensor descriptors)
     num_warps, num_stages = options[1] if len(options) > 1 else (4, 3)
     kernel = getattr(importlib.import_module(module), name.split("[")[0])
-    signature = {**pointers, **dict.fromkeys(integers, "i32"), **(floats or {})}
+    signature = {**pointers, **dict.fromkeys(integers, "i32"), **(typed or {})}
     signature = {arg: signature[arg] for arg in kernel.arg_names if arg in signature}
     compiled = sm90_compiled(kernel, signature, constants, num_warps=num_warps, num_stages=num_stages,
                              divisible_by_16=list(pointers))
