@@ -53,8 +53,8 @@ def quantize_rowwise_triton(values: torch.Tensor) -> tuple[torch.Tensor, torch.T
 # both copies, the transposed one stored by TMA when its shape allows.
 # Measured on the H200 at bio_8x1b's step shapes (16,384 rows in 8 groups, and its expert weights)
 # against the previous design (programs per group, column block and 1,024-row chunk; row maxima by
-# atomics): the captured FP8 training step 2.2-2.7% faster at 2 x 4,096 tokens, 1.6-2.1% at
-# 8 x 4,096, in two alternating rounds each. TMA loads, TMA row-wise stores and 128-row or
+# atomics): the captured FP8 training step 2.2-2.8% faster at 2 x 4,096 tokens, 1.7-2.5% at
+# 8 x 4,096 (three runs of two alternating rounds). TMA loads, TMA row-wise stores and 128-row or
 # 128-column cast tiles were slower; every choice here compiles without spills (tests/test_moe_lowp.py).
 _SUB = 16
 _MAXIMA_BLOCK_R, _MAXIMA_BLOCK_C, _MAXIMA_WARPS = 64, 256, 4
