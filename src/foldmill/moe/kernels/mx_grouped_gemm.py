@@ -21,15 +21,8 @@ import triton
 import triton.language as tl
 
 from foldmill.moe.kernels import compute_capability
+from foldmill.moe.kernels.mx_quant import scale_factor
 from foldmill.moe.quant.mx import BLOCK, MXTensor
-
-
-@triton.jit
-def _scale_to_float(scale):
-    """E8M0 byte -> float32 2^(byte - 127); 0 is the subnormal 2^-127, 255 is NaN."""
-    value = (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    value = tl.where(scale == 0, 5.877471754111438e-39, value)
-    return tl.where(scale == 255, float("nan"), value)
 
 
 @triton.jit
@@ -61,8 +54,8 @@ def _scaled_block_dot(
                          other=127)
             sb = tl.load(sb_ptr + offs_kb[:, None] * sb_stride + b_rows[None, :], mask=b_mask[None, :] & kb_ok[:, None],
                          other=127)
-            a32 = tl.reshape(a.to(tl.float32), (a.shape[0], BLOCKS_PER_STEP, 32)) * _scale_to_float(sa)[:, :, None]
-            b32 = tl.reshape(b.to(tl.float32), (BLOCKS_PER_STEP, 32, b.shape[1])) * _scale_to_float(sb)[:, None, :]
+            a32 = tl.reshape(a.to(tl.float32), (a.shape[0], BLOCKS_PER_STEP, 32)) * scale_factor(sa)[:, :, None]
+            b32 = tl.reshape(b.to(tl.float32), (BLOCKS_PER_STEP, 32, b.shape[1])) * scale_factor(sb)[:, None, :]
             a16 = tl.reshape(a32, (a.shape[0], 32 * BLOCKS_PER_STEP)).to(tl.bfloat16)
             b16 = tl.reshape(b32, (32 * BLOCKS_PER_STEP, b.shape[1])).to(tl.bfloat16)
             acc = tl.dot(a16, b16, acc)
@@ -76,7 +69,7 @@ def _scaled_block_dot(
                 sb = tl.load(sb_ptr + kb * sb_stride + b_rows, mask=b_mask & ok, other=127)
                 if MMA_MODE == "fp8":
                     partial = tl.dot(a, b)
-                    acc += partial * (_scale_to_float(sa)[:, None] * _scale_to_float(sb)[None, :])
+                    acc += partial * (scale_factor(sa)[:, None] * scale_factor(sb)[None, :])
                 else:
                     acc = tl.dot_scaled(a, sa[:, None], "e4m3", b, sb[:, None], "e4m3", acc=acc)
     return acc
