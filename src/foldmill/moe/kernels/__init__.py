@@ -7,8 +7,8 @@ fp8_quant.py       FP8 quantizers: row-wise, and per (expert group, column) writ
 adamw.py           AdamW update that applies the gradient-clipping factor as it reads each gradient
 mx_grouped_gemm.py MXFP8 grouped GEMMs: tl.dot_scaled (native block-scaled MMA, sm100 route), and
                    FP8 or bf16 MMAs per 32-wide block with scales applied in fp32 (Hopper comparison)
-swiglu.py          SwiGLU x routing weight and its backward, either writing the exact values of
-                   its output's MXFP8 copies instead of the output (MXFP8 backend on Hopper)
+swiglu.py          SwiGLU x routing weight and its backward, optionally writing the exact values of
+                   their outputs' MXFP8 copies instead of the outputs (MXFP8 backend on Hopper)
 rope.py            rotary embedding of q and k, forward and backward one pass each
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 """
