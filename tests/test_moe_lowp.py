@@ -270,3 +270,19 @@ def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
                              divisible_by_16=list(pointers))
     assert compiled.metadata.shared <= 228 * 1024
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
+
+
+def test_mxfp8_kernels_refuse_shapes_they_cannot_block():
+    """The round trip and the SwiGLU kernels that write MXFP8 copies check the block shape first,
+    in one line naming the shape (behind ModelConfig's check, for callers of the kernels)."""
+    from kernel_testing import HAS_TRITON
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    from foldmill.moe.kernels.mx_quant import require_blocks
+
+    require_blocks((64, 96), blocks_along_rows=True)
+    require_blocks((48, 96), blocks_along_rows=False)
+    for shape, along_rows in [((64, 48), False), ((48, 96), True)]:
+        with pytest.raises(ValueError, match=r"multiples of 32, got \(\d+, \d+\)$"):
+            require_blocks(shape, blocks_along_rows=along_rows)
