@@ -225,7 +225,7 @@ COMPILE_CASES = {
         "foldmill.moe.kernels.fp8_quant",
         {"col_partial_ptr": "*bf16", "ends_ptr": "*i32", "scale_ptr": "*fp32"},
         ("cols",),
-        {"BLOCK_S": 32, "BLOCK_C": 128, "SUB": 16},
+        {"BLOCK_S": 128, "BLOCK_C": 32, "SUB": 16},  # fp8_quant._GROUP_BLOCK_S, _GROUP_BLOCK_C
     ),
     # Both copies with the transposed one stored by TMA, and the transposed copy alone by pointers.
     **{
@@ -234,7 +234,8 @@ COMPILE_CASES = {
             {"x_ptr": "*bf16", "ends_ptr": "*i32", "scale_ptr": "*fp32", "data_ptr": "*fp8e4nv",
              "row_data_ptr": "*fp8e4nv", "row_scale_ptr": "*fp32"},
             ("groups", "cols", "stride_r", "out_stride_c", "out_group_shift", "group_rows"),
-            {"ROWWISE": rowwise, "TMA": tma, "BLOCK_R": 64, "BLOCK_C": 64, **({} if tma else {"data_desc": None})},
+            {"ROWWISE": rowwise, "TMA": tma, "BLOCK_R": 64, "BLOCK_C": 64, "GROUPS": 8,
+             **({} if tma else {"data_desc": None})},
             {"data_desc": "tensordesc<fp8e4nv[1, 64, 64]>"} if tma else None,  # _CAST_BLOCK_C, _CAST_BLOCK_R
             (4 if tma else 8, 1),  # _CAST_WARPS, _CAST_POINTER_WARPS
         )

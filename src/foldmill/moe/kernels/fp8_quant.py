@@ -54,11 +54,17 @@ def quantize_rowwise_triton(values: torch.Tensor) -> tuple[torch.Tensor, torch.T
 # Measured on the H200 at bio_8x1b's step shapes (16,384 rows in 8 groups, and its expert weights)
 # against the previous design (programs per group, column block and 1,024-row chunk; row maxima by
 # atomics): the captured FP8 training step 2.2-2.8% faster at 2 x 4,096 tokens, 1.7-2.5% at
-# 8 x 4,096 (three runs of two alternating rounds). TMA loads, TMA row-wise stores and 128-row or
-# 128-column cast tiles were slower; every choice here compiles without spills (tests/test_moe_lowp.py).
+# 8 x 4,096 (three runs of two alternating rounds). The group-column reduction keeps elementwise
+# maxima over its loop and reduces once at the end, on 128 x 32 tiles: 0.06 ms per layer's
+# operands in a CUDA graph instead of 0.10 with a reduction per 32 x 128 tile. TMA loads, TMA
+# row-wise stores, 128-row or 128-column cast tiles, transposing before the cast and cast programs
+# looping over row tiles were slower or no faster; every choice here compiles without spills
+# (tests/test_moe_lowp.py).
 _SUB = 16
 _MAXIMA_BLOCK_R, _MAXIMA_BLOCK_C, _MAXIMA_WARPS = 64, 256, 4
 _CAST_BLOCK_R, _CAST_BLOCK_C, _CAST_WARPS = 64, 64, 4
+# The group-column reduction: 16-row partials by columns per program.
+_GROUP_BLOCK_S, _GROUP_BLOCK_C = 128, 32
 # Without TMA (copies whose rows are not a multiple of 16) 4 warps would use local memory on sm_90.
 _CAST_POINTER_WARPS = 8
 
@@ -108,28 +114,29 @@ def _group_scale_kernel(col_partial_ptr, ends_ptr, scale_ptr, cols, BLOCK_S: tl.
     stop = tl.load(ends_ptr + group)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = offs_c < cols
-    amax = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    # Elementwise maxima across the loop, one reduction over the tile's rows at the end.
+    amax = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
     for sub in range(start // SUB, (stop + SUB - 1) // SUB, BLOCK_S):
         offs_s = sub + tl.arange(0, BLOCK_S)
         partial = tl.load(col_partial_ptr + offs_s[:, None].to(tl.int64) * cols + offs_c[None, :],
                           mask=(offs_s[:, None] * SUB < stop) & col_ok[None, :], other=0.0)
-        amax = tl.maximum(amax, tl.max(partial, axis=0).to(tl.float32))
-    tl.store(scale_ptr + group * cols + offs_c, tl.maximum(amax, 1e-12) / 448.0, mask=col_ok)
+        amax = tl.maximum(amax, partial.to(tl.float32))
+    tl.store(scale_ptr + group * cols + offs_c, tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0, mask=col_ok)
 
 
 @triton.jit
-def _group_of(ends_ptr, groups, row):
-    """The group holding `row` (the number of group ends at or before it)."""
-    group = 0
-    for g in range(0, groups):
-        group += (tl.load(ends_ptr + g) <= row).to(tl.int32)
-    return group
+def _groups_of(ends_ptr, groups, rows, GROUPS: tl.constexpr):
+    """The group holding each of `rows` (1-D): the number of group ends at or before it. GROUPS is
+    a power of two >= groups; one vector load of the ends, not a load per group."""
+    offs_g = tl.arange(0, GROUPS)
+    ends = tl.load(ends_ptr + offs_g, mask=offs_g < groups, other=2147483647)
+    return tl.sum((ends[None, :] <= rows[:, None]).to(tl.int32), axis=1)
 
 
 @triton.jit
 def _cast_kernel(x_ptr, ends_ptr, scale_ptr, data_ptr, data_desc, row_data_ptr, row_scale_ptr, groups, cols,
                  stride_r, out_stride_c, out_group_shift, group_rows, ROWWISE: tl.constexpr, TMA: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr):
     """Element (r, c) of group g goes to data[g * out_group_shift + c * out_stride_c + r], through
     data_desc (groups or 1, cols, rows of a group or all) where TMA is set; the row-wise copy to
     row_data[r, c]."""
@@ -148,8 +155,9 @@ def _cast_kernel(x_ptr, ends_ptr, scale_ptr, data_ptr, data_desc, row_data_ptr, 
             row_scale = tl.load(row_scale_ptr + offs_r, mask=row_ok, other=1.0)
             tl.store(row_data_ptr + offs_r[:, None].to(tl.int64) * cols + offs_c[None, :],
                      (values / row_scale[:, None]).to(tl.float8e4nv), mask=mask)
-        g_first = _group_of(ends_ptr, groups, first)
-        if g_first == _group_of(ends_ptr, groups, tl.minimum(first + BLOCK_R, end) - 1):
+        g_first, g_last = tl.split(_groups_of(ends_ptr, groups, tl.join(first, tl.minimum(first + BLOCK_R, end) - 1),
+                                              GROUPS))
+        if g_first == g_last:
             group_scale = tl.load(scale_ptr + g_first * cols + offs_c, mask=col_ok, other=1.0)
             quantized = tl.trans((values / group_scale[None, :]).to(tl.float8e4nv))
             if TMA:
@@ -160,9 +168,7 @@ def _cast_kernel(x_ptr, ends_ptr, scale_ptr, data_ptr, data_desc, row_data_ptr, 
                 tl.store(data_ptr + g_first.to(tl.int64) * out_group_shift + offs_c[:, None].to(tl.int64) * out_stride_c
                          + offs_r[None, :], quantized, mask=tl.trans(mask))
         else:  # the tile straddles a group boundary
-            row_group = tl.zeros((BLOCK_R,), dtype=tl.int32)
-            for g in range(0, groups):
-                row_group += (tl.load(ends_ptr + g) <= offs_r).to(tl.int32)
+            row_group = _groups_of(ends_ptr, groups, offs_r, GROUPS)
             row_group_scale = tl.load(scale_ptr + row_group[:, None] * cols + offs_c[None, :], mask=mask, other=1.0)
             quantized = tl.trans((values / row_group_scale).to(tl.float8e4nv))
             tl.store(data_ptr + row_group[None, :].to(tl.int64) * out_group_shift
@@ -183,8 +189,8 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     _tile_maxima_kernel[(triton.cdiv(rows, _MAXIMA_BLOCK_R), partials)](
         values, row_partial, col_partial, ends, groups, rows, cols, values.stride(0), SUBS=_MAXIMA_BLOCK_R // sub,
         SUB=sub, BLOCK_C=_MAXIMA_BLOCK_C, num_warps=_MAXIMA_WARPS)
-    _group_scale_kernel[(triton.cdiv(cols, 128), groups)](col_partial, ends, scale, cols, BLOCK_S=32, BLOCK_C=128,
-                                                          SUB=sub, num_warps=4)
+    _group_scale_kernel[(triton.cdiv(cols, _GROUP_BLOCK_C), groups)](
+        col_partial, ends, scale, cols, BLOCK_S=_GROUP_BLOCK_S, BLOCK_C=_GROUP_BLOCK_C, SUB=sub, num_warps=4)
     row_data, row_scale = rowwise if rowwise is not None else (data, scale)
     if rowwise is not None:
         _row_scale_kernel[(triton.cdiv(rows, 256),)](row_partial, row_scale, ends, groups, rows, partials, BLOCK_P=8,
@@ -197,8 +203,8 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     _cast_kernel[(triton.cdiv(rows, _CAST_BLOCK_R), triton.cdiv(cols, _CAST_BLOCK_C))](
         values, ends, scale, data, data_desc, row_data, row_scale, groups, cols, values.stride(0),
         group_rows or rows, out_group_shift, group_rows, ROWWISE=rowwise is not None, TMA=use_tma,
-        BLOCK_R=_CAST_BLOCK_R, BLOCK_C=_CAST_BLOCK_C, num_warps=_CAST_WARPS if use_tma else _CAST_POINTER_WARPS,
-        num_stages=1)
+        BLOCK_R=_CAST_BLOCK_R, BLOCK_C=_CAST_BLOCK_C, GROUPS=triton.next_power_of_2(groups),
+        num_warps=_CAST_WARPS if use_tma else _CAST_POINTER_WARPS, num_stages=1)
 
 
 def quantize_group_columns_triton(values: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
