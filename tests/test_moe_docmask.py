@@ -95,7 +95,7 @@ def test_flex_attention_matches_the_dense_mask_on_gpu() -> None:
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = attend(*leaves, document_mask(ids, implementation))
         out.float().square().sum().backward()
-        grads[implementation] = (out.float(), *(t.grad.float() for t in leaves))
+        grads[implementation] = (out.detach().float(), *(t.grad.float() for t in leaves))
     for flex, dense in zip(grads["flex"], grads["sdpa"]):
         # Two bf16 kernels round differently: a few elements differ by one bf16 step (2^-5 near 5),
         # so hold the whole tensor to a relative error and each element to a few bf16 steps.
