@@ -149,6 +149,48 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     assert header.startswith("| variant | tflops | precision | mfu_spec | mfu_bf16_spec | mfu_measured |")
 
 
+
+def test_bench_profile_sorts_kernels_into_categories():
+    """Kernel names as the torch profiler reports them on the H200 land in their categories, and
+    every Triton kernel of the quantizer modules counts as an 8-bit copy."""
+    from foldmill.bench.moe import KERNEL_CATEGORIES, OTHER_KERNELS, kernel_category
+
+    names = {
+        "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalINS5_"
+        "17GroupProblemShapeIN4cute5tupleIJiiiEEEEE": "grouped expert GEMMs",
+        "_cast_kernel": "8-bit copies",
+        "_tile_maxima_kernel": "8-bit copies",
+        "_swiglu_backward_kernel": "SwiGLU",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0":
+            "attention",
+        "void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*)": "attention",
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "dense GEMMs (projections, router, logits)",
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4":
+            "dense GEMMs (projections, router, logits)",
+        "_adamw_kernel": "AdamW",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<1>>":
+            "foreach kernels (gradient norm)",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>": "norms",
+        "_permute_kernel": OTHER_KERNELS,
+        "Memset (Device)": OTHER_KERNELS,
+    }
+    assert {name: kernel_category(name) for name in names} == names
+
+    from kernel_testing import HAS_TRITON
+
+    if not HAS_TRITON:
+        return
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    copies = dict(KERNEL_CATEGORIES)["8-bit copies"]
+    for module in ("foldmill.moe.kernels.fp8_quant", "foldmill.moe.kernels.mx_quant"):
+        kernels = [name for name, value in vars(importlib.import_module(module)).items()
+                   if isinstance(value, JITFunction) and name.endswith("_kernel")]
+        assert kernels and all(name in copies for name in kernels), (module, kernels)
+
+
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton

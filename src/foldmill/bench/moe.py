@@ -6,6 +6,8 @@ Three sections, same shapes for every contender, each timed with CUDA events (me
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
          MoEBlock (grouped, fp8_rowwise, mxfp8), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
+  profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend,
+         from a torch profiler trace
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
 (989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
 8192^3 GEMM rate of the row's precision measured at the start of the run.
@@ -35,7 +37,8 @@ from foldmill.runtime.timing import cuda_median_ms
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("moe", help="MoE experts and training step vs Hugging Face Mixtral (GPU)")
     parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
-    parser.add_argument("--sections", default="gemm,layer,step", help="comma-separated: gemm, layer, step")
+    parser.add_argument("--sections", default="gemm,layer,step",
+                        help="comma-separated: gemm, layer, step, profile (kernel time by category per step)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per layer call / per training step")
     parser.add_argument("--step-model", default="bio_8x1b", help="model config for the full training step")
@@ -112,6 +115,52 @@ def available_contenders() -> dict[str, str]:
         except Exception as error:  # any import failure means the contender cannot run here
             found[name] = f"not importable ({type(error).__name__})"
     return found
+
+
+# ---------------------------------------------------------------- profile
+
+# Kernel categories of the profile section: a kernel counts in the first category one of whose
+# patterns occurs in its name. The 8-bit copies are foldmill's quantizer kernels
+# (moe/kernels/fp8_quant.py, mx_quant.py; a test keeps this list complete).
+KERNEL_CATEGORIES = (
+    ("grouped expert GEMMs", ("GroupProblemShape", "prepare_grouped_gemm_data", "_grouped_forward_kernel",
+                              "_grouped_wgrad_kernel")),
+    ("8-bit copies", ("_rowwise_kernel", "_tile_maxima_kernel", "_row_scale_kernel", "_group_scale_kernel",
+                      "_cast_kernel", "_quantize_kernel", "_dual_kernel", "_dequantize_rows_kernel")),
+    ("SwiGLU", ("_swiglu_",)),
+    ("attention", ("sdpa", "fmha", "flash", "cudnn::fusion", "flex_attention", "triton_tem_")),
+    ("AdamW", ("_adamw_kernel",)),
+    ("dense GEMMs (projections, router, logits)", ("nvjet", "gemm", "xmma")),
+    ("foreach kernels (gradient norm)", ("multi_tensor_apply",)),
+    ("norms", ("layer_norm", "rms_norm", "GammaBeta")),
+)
+OTHER_KERNELS = "other kernels"
+
+
+def kernel_category(name: str) -> str:
+    for category, patterns in KERNEL_CATEGORIES:
+        if any(pattern in name for pattern in patterns):
+            return category
+    return OTHER_KERNELS
+
+
+def kernel_ms_by_category(step: Callable[[], None], steps: int = 3) -> dict[str, float]:
+    """GPU time per step of each kernel category, from a torch profiler trace of `steps` calls of
+    step() after three untimed ones; "all kernels" is their sum (host gaps excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals = dict.fromkeys([category for category, _ in KERNEL_CATEGORIES] + [OTHER_KERNELS], 0.0)
+    for event in trace.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[kernel_category(event.name)] += event.device_time / 1e3 / steps
+    return {"all kernels": sum(totals.values()), **totals}
 
 
 # ---------------------------------------------------------------- gemm
@@ -338,8 +387,9 @@ def add_speedups(results: list[dict]) -> None:
 
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
-               peaks: dict[str, float], captured_only: bool = False) -> list[dict]:
-    """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches)."""
+               peaks: dict[str, float], captured_only: bool = False, profile: bool = False) -> list[dict]:
+    """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches);
+    `profile`: instead, each backend's captured step's GPU time per kernel category."""
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
@@ -445,6 +495,23 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
+    def profile_rows(backend: str) -> None:
+        def measure() -> dict:
+            model, hf = foldmill_model(backend)()
+            by_category = kernel_ms_by_category(train_step_fn(model, hf, False, True, False))
+            return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category}
+
+        variant = f"foldmill {backend}, CUDA graph"
+        row = {"section": "profile", "shape": label, "variant": f"{variant}: all kernels"}
+        _guarded(results, row, measure)
+        for category, ms in row.pop("by_category", {}).items():
+            results.append({"section": "profile", "shape": label, "variant": f"{variant}: {category}",
+                            "ms": round(ms, 2)})
+
+    if profile:
+        for backend in backends:
+            profile_rows(backend)
+        return results
     for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
     for backend in [] if captured_only else backends:
@@ -533,6 +600,10 @@ def run(args: argparse.Namespace) -> int:
             rows += bench_step(args.step_model, args.step_layers, args.large_step_tokens, args.seq_len, backends,
                                args.repeats, peaks, captured_only=True)
             save()
+    if "profile" in sections:
+        rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
+                           profile=True)
+        save()
     print(markdown_table(rows))
     return 0
 
