@@ -1,6 +1,6 @@
 """`foldmill bench moe`: foldmill's MoE experts against Hugging Face Mixtral on one GPU.
 
-Three sections, same shapes for every contender, each timed with CUDA events (median):
+Sections, same shapes for every contender, timed with CUDA events (median) except the profile:
   gemm   one grouped linear layer per backend (forward; backward = dgrad + wgrad, quantization
          included), 8-bit weight copies, and the library GEMMs alone (contenders)
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
