@@ -17,6 +17,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
+def _scale_of(amax):
+    """The dequantization scale of values whose largest magnitude is amax (quant/fp8.py's rule)."""
+    return tl.maximum(amax, 1e-12) / 448.0
+
+
+@triton.jit
 def _rowwise_kernel(x_ptr, data_ptr, scale_ptr, cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * cols
@@ -25,7 +31,7 @@ def _rowwise_kernel(x_ptr, data_ptr, scale_ptr, cols, BLOCK: tl.constexpr):
         offs = start + tl.arange(0, BLOCK)
         values = tl.load(x_ptr + base + offs, mask=offs < cols, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(values))
-    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+    scale = _scale_of(tl.max(amax, axis=0))
     for start in range(0, cols, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         values = tl.load(x_ptr + base + offs, mask=offs < cols, other=0.0).to(tl.float32)
@@ -103,7 +109,7 @@ def _row_scale_kernel(row_partial_ptr, row_scale_ptr, ends_ptr, groups, rows, pa
         partial = tl.load(row_partial_ptr + offs_p[:, None] * rows + offs_r[None, :],
                           mask=(offs_p[:, None] < partials) & row_ok[None, :], other=0.0)
         amax = tl.maximum(amax, tl.max(partial, axis=0))
-    tl.store(row_scale_ptr + offs_r, tl.maximum(amax, 1e-12) / 448.0, mask=row_ok)
+    tl.store(row_scale_ptr + offs_r, _scale_of(amax), mask=row_ok)
 
 
 @triton.jit
@@ -121,7 +127,7 @@ def _group_scale_kernel(col_partial_ptr, ends_ptr, scale_ptr, cols, BLOCK_S: tl.
         partial = tl.load(col_partial_ptr + offs_s[:, None].to(tl.int64) * cols + offs_c[None, :],
                           mask=(offs_s[:, None] * SUB < stop) & col_ok[None, :], other=0.0)
         amax = tl.maximum(amax, partial.to(tl.float32))
-    tl.store(scale_ptr + group * cols + offs_c, tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0, mask=col_ok)
+    tl.store(scale_ptr + group * cols + offs_c, _scale_of(tl.max(amax, axis=0)), mask=col_ok)
 
 
 @triton.jit
