@@ -498,7 +498,8 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     def profile_rows(backend: str) -> None:
         def measure() -> dict:
             model, hf = foldmill_model(backend)()
-            by_category = kernel_ms_by_category(train_step_fn(model, hf, False, True, False))
+            by_category = kernel_ms_by_category(train_step_fn(model, hf, masked=False, graphed=True,
+                                                              torch_optimizer=False))
             return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category}
 
         variant = f"foldmill {backend}, CUDA graph"
