@@ -150,6 +150,19 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 
+def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
+    """A misspelt --sections name stops the bench before any GPU work, naming what is valid."""
+    from foldmill.bench._standalone import main
+    from foldmill.bench.moe import parse_sections, register
+
+    assert parse_sections("gemm,profile") == {"gemm", "profile"}
+    assert main(register, ["--sections", "step,profle"]) == 2
+    error = capsys.readouterr().err
+    assert error == "error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile\n"
+    assert main(register, ["--sections", ","]) == 2
+    assert "no section named; choose from" in capsys.readouterr().err
+
+
 def test_bench_profile_sorts_kernels_into_categories():
     """Kernel names as the torch profiler reports them on the H200 land in their categories, and
     every Triton kernel of the quantizer modules counts as an 8-bit copy."""

@@ -568,12 +568,25 @@ def report_header(device_name: str, peaks: dict[str, float], contenders: dict[st
             f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
+SECTIONS = ("gemm", "layer", "step", "profile")
+
+
+def parse_sections(text: str) -> set[str]:
+    """--sections as a set; a misspelt name is an error, not a run that measures nothing."""
+    sections = {name for name in text.split(",") if name}
+    unknown = sorted(sections - set(SECTIONS))
+    if unknown or not sections:
+        problem = f"unknown {', '.join(unknown)}" if unknown else "no section named"
+        raise FoldmillError(f"--sections {text!r}: {problem}; choose from {', '.join(SECTIONS)}")
+    return sections
+
+
 def run(args: argparse.Namespace) -> int:
+    sections = parse_sections(args.sections)
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = set(args.sections.split(","))
     backends = [b for b in args.backends.split(",") if b]
     rows: list[dict] = []
     device_name = torch.cuda.get_device_name()
