@@ -102,6 +102,29 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
 
 
+def test_router_logits_on_tensor_cores_keep_float32_accuracy():
+    """bf16 router logits from tensor cores (float32 sums) and their gradients (the float32 logit
+    gradient split into three bf16 terms) against fp64: logits at float32 accuracy; each gradient
+    element within one bf16 step of the exact value plus a float32 sum's error."""
+    from foldmill.moe.model.router import _TensorCoreLogits, router_logits
+
+    torch.manual_seed(3)
+    x = torch.randn(4096, 2048, device=CUDA).bfloat16().requires_grad_()
+    weight = (torch.randn(8, 2048, device=CUDA) * 0.02).bfloat16().requires_grad_()
+    grad = torch.randn(4096, 8, device=CUDA) * torch.logspace(-6, 0, 8, device=CUDA)
+    logits = router_logits(x, weight)
+    assert logits.dtype == torch.float32 and logits.grad_fn.name() == _TensorCoreLogits.__name__ + "Backward"
+    logits.backward(grad)
+    x64, weight64, grad64 = x.detach().double(), weight.detach().double(), grad.double()
+    exact = x64 @ weight64.t()
+    assert float((logits.detach().double() - exact).norm() / exact.norm()) < 1e-5
+    # the gradients, and the sums of their terms' magnitudes (a float32 sum errs by a fraction of it)
+    for got, want, magnitude in ((x.grad, grad64 @ weight64, grad64.abs() @ weight64.abs()),
+                                 (weight.grad, grad64.t() @ x64, grad64.abs().t() @ x64.abs())):
+        ulp = 2.0 ** (torch.frexp(want.float())[1] - 8).double()  # one bf16 step at each exact value
+        assert bool(((got.double() - want).abs() <= ulp + 2.0**-18 * magnitude).all())
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_fp8_accumulation_setting_reaches_the_kernel_and_stays_within_tolerance(monkeypatch, fast):
     """Every FP8 GEMM of forward and backward gets moe.fp8_fast_accumulation, and either way the

@@ -25,8 +25,7 @@ class TopKRouter(nn.Module):
         self.gate = nn.Linear(hidden_size, num_experts, bias=False)
 
     def forward(self, x: torch.Tensor) -> Routing:
-        # Routing decisions are made in float32: bf16 logits flip near-ties between experts.
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = router_logits(x, self.gate.weight)
         probs = logits.softmax(dim=-1)
         top_probs, top_experts = probs.topk(self.top_k, dim=-1)
         weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
@@ -34,3 +33,40 @@ class TopKRouter(nn.Module):
         load = assignments.mean(dim=0) / self.top_k
         aux_loss = self.num_experts * (load * probs.mean(dim=0)).sum()
         return Routing(weights, top_experts, aux_loss, load.detach())
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float32 logits x @ weight.T. Routing decisions are made in float32: bf16 logits flip near-ties
+    between experts. With bf16 x and weight on CUDA the product runs on tensor cores (each bf16 product
+    is exact, the sums are float32) instead of a float32 GEMM on a float32 copy of x, which the
+    backward pass would also keep."""
+    if x.is_cuda and x.dtype == weight.dtype == torch.bfloat16:
+        return _TensorCoreLogits.apply(x, weight)
+    return F.linear(x.float(), weight.float())
+
+
+class _TensorCoreLogits(torch.autograd.Function):
+    """float32 logits from bf16 operands, and their gradients at float32 accuracy.
+
+    The float32 gradient g of the logits is exactly the sum of three bf16 terms (8 significant bits
+    each, a float32's 24 together, for every normal float32), so the backward GEMMs also run on
+    tensor cores with float32 sums:
+    dx = [g1, g2, g3] @ [w; w; w] and dw = g1^T x + g2^T x + g3^T x.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors
+        terms = []
+        for _ in range(3):
+            terms.append(grad.to(torch.bfloat16))
+            grad = grad - terms[-1].float()
+        split = torch.cat(terms, dim=1)
+        grad_x = torch.mm(split, weight.repeat(3, 1))
+        partial = torch.mm(split.t(), x, out_dtype=torch.float32).view(3, *weight.shape)
+        return grad_x, partial.sum(dim=0).to(weight.dtype)
