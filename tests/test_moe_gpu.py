@@ -125,6 +125,37 @@ def test_router_logits_on_tensor_cores_keep_float32_accuracy():
         assert bool(((got.double() - want).abs() <= ulp + 2.0**-18 * magnitude).all())
 
 
+@pytest.mark.parametrize("cols", [2048, 96])
+def test_fused_add_rms_norm_matches_fp64(cols):
+    """h = x + delta as the eager bf16 add gives it, bit for bit; y and the gradients of x (= delta's)
+    and of the weight as close to fp64 as rounding the exact values to bf16 allows, with and
+    without a gradient flowing into h."""
+    from foldmill.moe.kernels.rms_norm import add_rms_norm_triton
+
+    torch.manual_seed(4)
+    x, delta, grad_h, grad_y = (torch.randn(2, 300, cols, device=CUDA).bfloat16() for _ in range(4))
+    x.requires_grad_()
+    delta.requires_grad_()
+    weight = (1 + 0.2 * torch.randn(cols, device=CUDA)).bfloat16().requires_grad_()
+
+    def relative(got, want):
+        return float((got.detach().double() - want).norm() / want.norm())
+
+    for with_grad_h in (True, False):
+        h, y = add_rms_norm_triton(x, delta, weight, 1e-5)
+        torch.autograd.backward([h, y] if with_grad_h else [y], [grad_h, grad_y] if with_grad_h else [grad_y])
+        assert torch.equal(h, x.detach() + delta.detach())
+        h64 = h.detach().double().requires_grad_()
+        weight64 = weight.detach().double().requires_grad_()
+        y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight64
+        y64.backward(grad_y.double())
+        want_x = h64.grad + (grad_h.double() if with_grad_h else 0)
+        assert torch.equal(x.grad, delta.grad)
+        for got, want in ((y, y64.detach()), (x.grad, want_x), (weight.grad, weight64.grad)):
+            assert relative(got, want) < 1.05 * relative(want.to(torch.bfloat16), want)
+        x.grad = delta.grad = weight.grad = None
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_fp8_accumulation_setting_reaches_the_kernel_and_stays_within_tolerance(monkeypatch, fast):
     """Every FP8 GEMM of forward and backward gets moe.fp8_fast_accumulation, and either way the

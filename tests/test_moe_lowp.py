@@ -184,6 +184,7 @@ def test_bench_profile_sorts_kernels_into_categories():
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<1>>":
             "foreach kernels (gradient norm)",
         "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>": "norms",
+        "_add_rms_norm_backward_kernel": "norms",
         "_permute_kernel": OTHER_KERNELS,
         "Memset (Device)": OTHER_KERNELS,
     }
@@ -261,6 +262,24 @@ COMPILE_CASES = {
         {"x_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16"},
         ("seq", "heads", "cos_stride_b"),
         {"SIGN": 1.0, "BLOCK_H": 16, "HALF": 64},
+    ),
+    "_add_rms_norm_forward_kernel": (
+        "foldmill.moe.kernels.rms_norm",
+        {"x_ptr": "*bf16", "delta_ptr": "*bf16", "weight_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16",
+         "rstd_ptr": "*fp32"},
+        ("cols",),
+        {"BLOCK_C": 2048},
+        {"eps": "fp32"},
+        (8, 3),  # rms_norm._warps(2048)
+    ),
+    "_add_rms_norm_backward_kernel": (
+        "foldmill.moe.kernels.rms_norm",
+        {"dy_ptr": "*bf16", "dh_ptr": "*bf16", "h_ptr": "*bf16", "weight_ptr": "*bf16", "rstd_ptr": "*fp32",
+         "dx_ptr": "*bf16", "dw_partial_ptr": "*fp32"},
+        ("rows", "cols"),
+        {"HAS_DH": True, "ROWS": 16, "BLOCK_C": 2048},  # rms_norm._BACKWARD_ROWS
+        None,
+        (8, 3),
     ),
     "_tile_maxima_kernel": (
         "foldmill.moe.kernels.fp8_quant",

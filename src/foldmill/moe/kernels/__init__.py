@@ -10,6 +10,7 @@ mx_grouped_gemm.py MXFP8 grouped GEMMs: tl.dot_scaled (native block-scaled MMA, 
 swiglu.py          SwiGLU x routing weight and its backward, optionally writing the exact values of
                    their outputs' MXFP8 copies instead of the outputs (MXFP8 backend on Hopper)
 rope.py            rotary embedding of q and k, forward and backward one pass each
+rms_norm.py        residual add + RMSNorm, forward and backward one pass each
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 """
 

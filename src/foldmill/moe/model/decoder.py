@@ -30,11 +30,17 @@ class DecoderLayer(nn.Module):
         self.moe_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.moe = MoEBlock(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: DocumentMask | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
-        moe = self.moe(self.moe_norm(x))
-        return x + moe.hidden, moe.aux_loss, moe.load
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                mask: DocumentMask | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The residual stream enters as x + delta (delta None: x alone) and leaves as the returned
+        (x, delta) pair: each add is left to the norm that reads its result (RMSNorm.add_and_norm)."""
+        if delta is None:
+            normed = self.attention_norm(x)
+        else:
+            x, normed = self.attention_norm.add_and_norm(x, delta)
+        x, normed = self.moe_norm.add_and_norm(x, self.attention(normed, cos, sin, mask))
+        moe = self.moe(normed)
+        return x, moe.hidden, moe.aux_loss, moe.load
 
 
 class MoEDecoder(nn.Module):
@@ -74,11 +80,12 @@ class MoEDecoder(nn.Module):
         else:
             mask = document_mask(document_ids)
             cos, sin = self.rope_cos[mask.positions], self.rope_sin[mask.positions]
-        x = self.embedding(tokens)
+        x, delta = self.embedding(tokens), None
         aux_losses, loads = [], []
         for layer in self.layers:
-            x, aux_loss, load = layer(x, cos, sin, mask)
+            x, delta, aux_loss, load = layer(x, delta, cos, sin, mask)
             aux_losses.append(aux_loss)
             loads.append(load)
-        logits = self.output(self.norm(x))
+        normed = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
+        logits = self.output(normed)
         return DecoderOutput(logits, torch.stack(aux_losses).mean(), torch.stack(loads))

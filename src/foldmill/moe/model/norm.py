@@ -1,10 +1,12 @@
-"""RMSNorm through torch's fused kernel (float32 accumulation), returned in the input dtype."""
+"""RMSNorm (float32 accumulation, returned in the input dtype), alone or after a residual add."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from foldmill.moe.kernels import use_triton
 
 
 class RMSNorm(nn.Module):
@@ -15,3 +17,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, norm(h)) for the residual stream h = x + delta. On CUDA one fused Triton kernel each way
+        (moe/kernels/rms_norm.py); elsewhere, and under torch.compile, the add then torch's norm."""
+        if use_triton(x) and x.dtype == delta.dtype and not torch.compiler.is_compiling():
+            from foldmill.moe.kernels.rms_norm import add_rms_norm_triton
+
+            return add_rms_norm_triton(x, delta, self.weight, self.eps)
+        h = x + delta
+        return h, self(h)
