@@ -179,3 +179,17 @@ def test_routing_plan_pads_groups_and_round_trips_tokens():
     back.sum().backward()
     assert torch.allclose(x.grad, probs.detach().sum(dim=1, keepdim=True).expand(-1, 8))
     assert torch.allclose(probs.grad, x.detach().sum(dim=1, keepdim=True).expand(-1, 2))
+
+
+def test_router_gradient_splits_exactly_into_three_bf16_terms():
+    """The tensor-core router's backward feeds the float32 logit gradient to bf16 GEMMs as three
+    terms; their sum must be the gradient itself (from 1e-25 to 1e30 here)."""
+    from foldmill.moe.model.router import bf16_terms
+
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(4096, 8, generator=generator) * torch.logspace(-25, 30, 8)
+    terms = bf16_terms(values)
+    assert all(term.dtype == torch.bfloat16 for term in terms)
+    assert torch.equal(sum(term.double() for term in terms), values.double())
+    assert not torch.equal(terms[0].double(), values.double())  # one or two terms would not do
+    assert not torch.equal((terms[0].double() + terms[1].double()), values.double())

@@ -49,8 +49,8 @@ class _TensorCoreLogits(torch.autograd.Function):
     """float32 logits from bf16 operands, and their gradients at float32 accuracy.
 
     The float32 gradient g of the logits is exactly the sum of three bf16 terms (8 significant bits
-    each, a float32's 24 together, for every normal float32), so the backward GEMMs also run on
-    tensor cores with float32 sums:
+    each, a float32's 24 together, wherever |g| > 2^-102 keeps the last term out of bf16's
+    subnormals), so the backward GEMMs also run on tensor cores with float32 sums:
     dx = [g1, g2, g3] @ [w; w; w] and dw = g1^T x + g2^T x + g3^T x.
     """
 
@@ -62,11 +62,17 @@ class _TensorCoreLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, weight = ctx.saved_tensors
-        terms = []
-        for _ in range(3):
-            terms.append(grad.to(torch.bfloat16))
-            grad = grad - terms[-1].float()
-        split = torch.cat(terms, dim=1)
+        split = torch.cat(bf16_terms(grad), dim=1)
         grad_x = torch.mm(split, weight.repeat(3, 1))
         partial = torch.mm(split.t(), x, out_dtype=torch.float32).view(3, *weight.shape)
         return grad_x, partial.sum(dim=0).to(weight.dtype)
+
+
+def bf16_terms(values: torch.Tensor) -> list[torch.Tensor]:
+    """Three bf16 tensors whose sum is exactly `values` (float32 of magnitude above 2^-102): each
+    term is the bf16 rounding of what the previous ones leave."""
+    terms = []
+    for _ in range(3):
+        terms.append(values.to(torch.bfloat16))
+        values = values - terms[-1].float()
+    return terms
