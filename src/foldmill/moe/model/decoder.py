@@ -34,10 +34,7 @@ class DecoderLayer(nn.Module):
                 mask: DocumentMask | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The residual stream enters as x + delta (delta None: x alone) and leaves as the returned
         (x, delta) pair: each add is left to the norm that reads its result (RMSNorm.add_and_norm)."""
-        if delta is None:
-            normed = self.attention_norm(x)
-        else:
-            x, normed = self.attention_norm.add_and_norm(x, delta)
+        x, normed = self.attention_norm.add_and_norm(x, delta)
         x, normed = self.moe_norm.add_and_norm(x, self.attention(normed, cos, sin, mask))
         moe = self.moe(normed)
         return x, moe.hidden, moe.aux_loss, moe.load
@@ -86,6 +83,5 @@ class MoEDecoder(nn.Module):
             x, delta, aux_loss, load = layer(x, delta, cos, sin, mask)
             aux_losses.append(aux_loss)
             loads.append(load)
-        normed = self.norm(x) if delta is None else self.norm.add_and_norm(x, delta)[1]
-        logits = self.output(normed)
+        logits = self.output(self.norm.add_and_norm(x, delta)[1])
         return DecoderOutput(logits, torch.stack(aux_losses).mean(), torch.stack(loads))

@@ -18,9 +18,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, norm(h)) for the residual stream h = x + delta. On CUDA one fused Triton kernel each way
-        (moe/kernels/rms_norm.py); elsewhere, and under torch.compile, the add then torch's norm."""
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, norm(h)) for the residual stream h = x + delta (delta None: h = x). On CUDA one fused
+        Triton kernel each way (moe/kernels/rms_norm.py); elsewhere, and under torch.compile, the add
+        then torch's norm."""
+        if delta is None:
+            return x, self(x)
         if use_triton(x) and x.dtype == delta.dtype and not torch.compiler.is_compiling():
             from foldmill.moe.kernels.rms_norm import add_rms_norm_triton
 
