@@ -193,3 +193,26 @@ def test_router_gradient_splits_exactly_into_three_bf16_terms():
     assert torch.equal(sum(term.double() for term in terms), values.double())
     assert not torch.equal(terms[0].double(), values.double())  # one or two terms would not do
     assert not torch.equal((terms[0].double() + terms[1].double()), values.double())
+
+
+def test_router_decides_in_float32_under_bf16_autocast():
+    """The bf16-mixed recipe runs the model under bf16 autocast, which would turn the router's float32
+    GEMM into a bf16 one: the logits, the routing weights and their gradients must stay those of the
+    float32 router."""
+    from foldmill.moe.model.router import TopKRouter
+
+    torch.manual_seed(6)
+    router = TopKRouter(64, 8, 2)
+    x = torch.randn(256, 64)
+    results = []
+    for autocast in (False, True):
+        router.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            routing = router(x)
+        (routing.weights * torch.arange(2.0)).sum().backward()
+        results.append((routing.weights, routing.experts, router.gate.weight.grad.clone()))
+    (weights, experts, grad), (mixed_weights, mixed_experts, mixed_grad) = results
+    assert mixed_weights.dtype == torch.float32
+    assert torch.equal(mixed_experts, experts)
+    assert torch.equal(mixed_weights, weights)
+    assert torch.equal(mixed_grad, grad)

@@ -39,10 +39,12 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """float32 logits x @ weight.T. Routing decisions are made in float32: bf16 logits flip near-ties
     between experts. With bf16 x and weight on CUDA the product runs on tensor cores (each bf16 product
     is exact, the sums are float32) instead of a float32 GEMM on a float32 copy of x, which the
-    backward pass would also keep."""
+    backward pass would also keep. Autocast (the bf16-mixed recipe) would run the float32 GEMM in
+    bf16, so it is off here."""
     if x.is_cuda and x.dtype == weight.dtype == torch.bfloat16:
         return _TensorCoreLogits.apply(x, weight)
-    return F.linear(x.float(), weight.float())
+    with torch.autocast(x.device.type, enabled=False):
+        return F.linear(x.float(), weight.float())
 
 
 class _TensorCoreLogits(torch.autograd.Function):
