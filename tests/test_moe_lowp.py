@@ -289,17 +289,13 @@ COMPILE_CASES = {
         None,
         (4, 3),
     ),
-    "_row_scale_kernel": (
+    "_scales_kernel": (
         "foldmill.moe.kernels.fp8_quant",
-        {"row_partial_ptr": "*fp32", "row_scale_ptr": "*fp32", "ends_ptr": "*i32"},
-        ("groups", "rows", "partials"),
-        {"BLOCK_P": 8, "BLOCK_R": 256},
-    ),
-    "_group_scale_kernel": (
-        "foldmill.moe.kernels.fp8_quant",
-        {"col_partial_ptr": "*bf16", "ends_ptr": "*i32", "scale_ptr": "*fp32"},
-        ("cols",),
-        {"BLOCK_S": 128, "BLOCK_C": 32, "SUB": 16},  # fp8_quant._GROUP_BLOCK_S, _GROUP_BLOCK_C
+        {"col_partial_ptr": "*bf16", "row_partial_ptr": "*fp32", "ends_ptr": "*i32", "scale_ptr": "*fp32",
+         "row_scale_ptr": "*fp32"},
+        ("groups", "rows", "cols", "partials", "col_blocks"),
+        # fp8_quant._GROUP_BLOCK_S, _GROUP_BLOCK_C, _SUB, _ROW_BLOCK_P, _ROW_BLOCK_R
+        {"ROWWISE": True, "BLOCK_S": 128, "BLOCK_C": 32, "SUB": 16, "BLOCK_P": 8, "BLOCK_R": 256},
     ),
     # Both copies with the transposed one stored by TMA, and the transposed copy alone by pointers.
     **{

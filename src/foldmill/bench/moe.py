@@ -125,7 +125,7 @@ def available_contenders() -> dict[str, str]:
 KERNEL_CATEGORIES = (
     ("grouped expert GEMMs", ("GroupProblemShape", "prepare_grouped_gemm_data", "_grouped_forward_kernel",
                               "_grouped_wgrad_kernel")),
-    ("8-bit copies", ("_rowwise_kernel", "_tile_maxima_kernel", "_row_scale_kernel", "_group_scale_kernel",
+    ("8-bit copies", ("_rowwise_kernel", "_tile_maxima_kernel", "_scales_kernel",
                       "_cast_kernel", "_quantize_kernel", "_dual_kernel", "_dequantize_rows_kernel")),
     ("SwiGLU", ("_swiglu_",)),
     ("attention", ("sdpa", "fmha", "flash", "cudnn::fusion", "flex_attention", "triton_tem_")),
