@@ -216,3 +216,34 @@ def test_router_decides_in_float32_under_bf16_autocast():
     assert torch.equal(mixed_experts, experts)
     assert torch.equal(mixed_weights, weights)
     assert torch.equal(mixed_grad, grad)
+
+
+@pytest.mark.parametrize("backend", ["fp8_rowwise", "mxfp8"])
+def test_8bit_experts_under_autocast_quantize_each_cast_once_and_keep_nothing(backend, monkeypatch):
+    """Under the bf16-mixed recipe the experts' weights are bf16 casts of fp32 masters, new on every
+    forward pass: their 8-bit copies are made once per pass, shared by the forward and backward
+    GEMMs, and let go with the cast (kept, they would hold a step's worth of copies and the cast's
+    autograd graph into the next step)."""
+    from foldmill.moe.experts import weights
+
+    made = []
+    real_get = weights.WeightCache.get
+
+    def counting_get(self, tag, weight, make):
+        return real_get(self, tag, weight, lambda w: made.append(tag) or make(w))
+
+    monkeypatch.setattr(weights.WeightCache, "get", counting_get)
+    torch.manual_seed(0)
+    block = MoEBlock(ModelConfig(hidden_size=64, ffn_size=128, num_experts=4, top_k=2, expert_backend=backend))
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.1)
+    x = torch.randn(96, 64, requires_grad=True)
+    per_pass = None
+    for step in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = block(x).hidden
+        out.float().sum().backward()
+        del out
+        per_pass = per_pass or len(made)
+        assert per_pass > 0 and len(made) == per_pass * (step + 1)  # no copy made twice within a pass
+        assert len(block.experts.backend.weights) == 0

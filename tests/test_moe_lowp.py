@@ -47,9 +47,13 @@ def test_weight_cache_serves_a_copy_until_the_weight_changes(optimizer_options):
     refreshed = cache.get("forward", weight, make)
     assert len(calls) == 2 and not torch.equal(refreshed, first) and torch.equal(refreshed, weight.detach())
     # A different tensor with the same values is another weight; old entries go beyond the capacity.
-    for _ in range(6):
-        cache.get("forward", weight.detach().clone(), make)
+    others = [weight.detach().clone() for _ in range(6)]
+    for other in others:
+        cache.get("forward", other, make)
     assert len(cache) == cache.capacity
+    # Entries hold their weights weakly: a weight its caller dropped takes its copy with it.
+    del others, other
+    assert len(cache) == 0
 
 
 def grouped_rows(sizes: list[int], cols: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
