@@ -215,12 +215,13 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     _tile_maxima_kernel[(triton.cdiv(rows, _MAXIMA_BLOCK_R), partials)](
         values, row_partial, col_partial, ends, groups, rows, cols, values.stride(0), SUBS=_MAXIMA_BLOCK_R // sub,
         SUB=sub, BLOCK_C=_MAXIMA_BLOCK_C, num_warps=_MAXIMA_WARPS)
+    with_rows = rowwise is not None
+    row_data, row_scale = rowwise if with_rows else (data, scale)
     col_blocks = triton.cdiv(cols, _GROUP_BLOCK_C)
-    row_blocks = triton.cdiv(rows, _ROW_BLOCK_R) if rowwise is not None else 0
-    row_data, row_scale = rowwise if rowwise is not None else (data, scale)
+    row_blocks = triton.cdiv(rows, _ROW_BLOCK_R) if with_rows else 0
     _scales_kernel[(col_blocks * groups + row_blocks,)](
         col_partial, row_partial, ends, scale, row_scale, groups, rows, cols, partials, col_blocks,
-        ROWWISE=rowwise is not None, BLOCK_S=_GROUP_BLOCK_S, BLOCK_C=_GROUP_BLOCK_C, SUB=sub, BLOCK_P=_ROW_BLOCK_P,
+        ROWWISE=with_rows, BLOCK_S=_GROUP_BLOCK_S, BLOCK_C=_GROUP_BLOCK_C, SUB=sub, BLOCK_P=_ROW_BLOCK_P,
         BLOCK_R=_ROW_BLOCK_R, num_warps=4)
     # TMA needs 16-byte strides: the copy's rows (fp8 elements) a multiple of 16.
     blocks = data.view(-1, cols, group_rows or rows)
@@ -229,7 +230,7 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     out_group_shift = (cols - 1) * group_rows  # block g starts at g * cols * group_rows, its rows at g * group_rows
     _cast_kernel[(triton.cdiv(rows, _CAST_BLOCK_R), triton.cdiv(cols, _CAST_BLOCK_C))](
         values, ends, scale, data, data_desc, row_data, row_scale, groups, cols, values.stride(0),
-        group_rows or rows, out_group_shift, group_rows, ROWWISE=rowwise is not None, TMA=use_tma,
+        group_rows or rows, out_group_shift, group_rows, ROWWISE=with_rows, TMA=use_tma,
         BLOCK_R=_CAST_BLOCK_R, BLOCK_C=_CAST_BLOCK_C, GROUPS=triton.next_power_of_2(groups),
         num_warps=_CAST_WARPS if use_tma else _CAST_POINTER_WARPS, num_stages=1)
 
