@@ -156,6 +156,78 @@ def test_fused_add_rms_norm_matches_fp64(cols):
         x.grad = delta.grad = weight.grad = None
 
 
+def test_fused_add_rms_norm_on_a_float32_stream_matches_fp64():
+    """The bf16-mixed case: a float32 stream x and a bf16 delta. h is the eager add's, bit for bit;
+    y and the gradients of x and the weight within float32 rounding of fp64; delta's gradient is
+    x's rounded to bf16, as eager autograd gives it."""
+    from foldmill.moe.kernels.rms_norm import add_rms_norm_triton
+
+    torch.manual_seed(5)
+    x = torch.randn(2, 300, 2048, device=CUDA).requires_grad_()
+    delta = torch.randn(2, 300, 2048, device=CUDA).bfloat16().requires_grad_()
+    weight = (1 + 0.2 * torch.randn(2048, device=CUDA)).requires_grad_()
+    grad_h, grad_y = torch.randn(2, 2, 300, 2048, device=CUDA)
+    h, y = add_rms_norm_triton(x, delta, weight, 1e-5)
+    torch.autograd.backward([h, y], [grad_h, grad_y])
+    assert h.dtype == y.dtype == torch.float32 and delta.grad.dtype == torch.bfloat16
+    assert torch.equal(h, x.detach() + delta.detach())
+    assert torch.equal(delta.grad, x.grad.bfloat16())
+    h64 = h.detach().double().requires_grad_()
+    weight64 = weight.detach().double().requires_grad_()
+    y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight64
+    y64.backward(grad_y.double())
+    for got, want in ((y, y64.detach()), (x.grad, h64.grad + grad_h.double()), (weight.grad, weight64.grad)):
+        assert float((got.detach().double() - want).norm() / want.norm()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_upcast_kernel_is_exact_and_the_cast_gradient_keeps_its_bits(dtype):
+    """The vectorized conversion to float32 equals torch's, at sizes around the kernel's block and
+    for a non-contiguous tensor (torch's path); a cast's gradient through it has the same bits as
+    through torch's cast."""
+    from foldmill.moe.kernels.cast import cast_for_compute_triton, upcast
+
+    torch.manual_seed(6)
+    for numel in (0, 1, 4095, 4097, 3 * 5000):
+        t = (torch.randn(numel, device=CUDA) * 100).to(dtype)
+        assert torch.equal(upcast(t, torch.float32), t.float())
+    strided = torch.randn(64, 96, device=CUDA).to(dtype).t()
+    assert torch.equal(upcast(strided, torch.float32), strided.float())
+    master = torch.randn(4, 96, 64, device=CUDA, requires_grad=True)
+    grad = torch.randn(4, 96, 64, device=CUDA).to(dtype)
+    (fast,) = torch.autograd.grad(cast_for_compute_triton(master, dtype), master, grad)
+    (eager,) = torch.autograd.grad(master.to(dtype), master, grad)
+    assert fast.dtype == torch.float32 and torch.equal(fast, eager)
+
+
+def test_experts_under_autocast_get_the_same_gradients_through_the_vectorized_cast(monkeypatch):
+    """bf16-mixed: the experts' float32 weights and input are cast through moe/kernels/cast.py on
+    CUDA; their gradients are the bits torch's cast gives."""
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.model import moe as moe_module
+
+    config = ModelConfig(hidden_size=256, ffn_size=512, num_layers=1)
+    torch.manual_seed(7)
+    with torch.device(CUDA):
+        block = moe_module.MoEBlock(config)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.05)
+    x = torch.randn(512, 256, device=CUDA)
+
+    def gradients():
+        block.zero_grad(set_to_none=True)
+        inputs = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = block(inputs).hidden
+        out.float().square().sum().backward()
+        return [inputs.grad, block.experts.gate_up_proj.grad, block.experts.down_proj.grad]
+
+    fast = gradients()
+    monkeypatch.setattr(moe_module, "use_triton", lambda tensor: False)
+    eager = gradients()
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(fast, eager))
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_fp8_accumulation_setting_reaches_the_kernel_and_stays_within_tolerance(monkeypatch, fast):
     """Every FP8 GEMM of forward and backward gets moe.fp8_fast_accumulation, and either way the

@@ -267,23 +267,38 @@ COMPILE_CASES = {
         ("seq", "heads", "cos_stride_b"),
         {"SIGN": 1.0, "BLOCK_H": 16, "HALF": 64},
     ),
-    "_add_rms_norm_forward_kernel": (
-        "foldmill.moe.kernels.rms_norm",
-        {"x_ptr": "*bf16", "delta_ptr": "*bf16", "weight_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*bf16",
-         "rstd_ptr": "*fp32"},
-        ("cols",),
-        {"BLOCK_C": 2048},
-        {"eps": "fp32"},
-        (8, 3),  # rms_norm._warps(2048)
-    ),
-    "_add_rms_norm_backward_kernel": (
-        "foldmill.moe.kernels.rms_norm",
-        {"dy_ptr": "*bf16", "dh_ptr": "*bf16", "h_ptr": "*bf16", "weight_ptr": "*bf16", "rstd_ptr": "*fp32",
-         "dx_ptr": "*bf16", "dw_partial_ptr": "*fp32"},
-        ("rows", "cols"),
-        {"HAS_DH": True, "ROWS": 16, "BLOCK_C": 2048},  # rms_norm._BACKWARD_ROWS
+    # The bf16 model's norms, and bf16-mixed's: a float32 stream taking a bf16 delta.
+    **{
+        f"_add_rms_norm_forward_kernel[{name}]": (
+            "foldmill.moe.kernels.rms_norm",
+            {"x_ptr": stream, "delta_ptr": "*bf16", "weight_ptr": stream, "h_ptr": stream, "y_ptr": stream,
+             "rstd_ptr": "*fp32"},
+            ("cols",),
+            {"BLOCK_C": 2048},
+            {"eps": "fp32"},
+            (8, 3),  # rms_norm._warps(2048)
+        )
+        for name, stream in [("bf16", "*bf16"), ("float32 stream", "*fp32")]
+    },
+    **{
+        f"_add_rms_norm_backward_kernel[{name}]": (
+            "foldmill.moe.kernels.rms_norm",
+            {"dy_ptr": stream, "dh_ptr": stream, "h_ptr": stream, "weight_ptr": stream, "rstd_ptr": "*fp32",
+             "dx_ptr": stream, "dw_partial_ptr": "*fp32"},
+            ("rows", "cols"),
+            {"HAS_DH": True, "ROWS": 16, "BLOCK_C": 2048},  # rms_norm._BACKWARD_ROWS
+            None,
+            (8, 3),
+        )
+        for name, stream in [("bf16", "*bf16"), ("float32 stream", "*fp32")]
+    },
+    "_upcast_kernel": (
+        "foldmill.moe.kernels.cast",
+        {"src_ptr": "*bf16", "dst_ptr": "*fp32"},
+        ("numel",),
+        {"BLOCK": 4096},  # cast._BLOCK, _WARPS
         None,
-        (8, 3),
+        (4, 3),
     ),
     "_tile_maxima_kernel": (
         "foldmill.moe.kernels.fp8_quant",

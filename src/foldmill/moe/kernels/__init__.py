@@ -11,6 +11,7 @@ swiglu.py          SwiGLU x routing weight and its backward, optionally writing 
                    their outputs' MXFP8 copies instead of the outputs (MXFP8 backend on Hopper)
 rope.py            rotary embedding of q and k, forward and backward one pass each
 rms_norm.py        residual add + RMSNorm, forward and backward one pass each
+cast.py            cast to the compute dtype whose gradient converts back in a vectorized kernel
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 """
 

@@ -6,8 +6,10 @@ to it: h = x + delta, y = rmsnorm(h) * weight. Eager, that is an add (two reads,
 weight gradient and the add of the residual path's gradient. Fused, the forward pass reads x and
 delta once and writes h and y; the backward pass reads dy, h and the residual gradient once, writes
 the gradient of x (which is also delta's) and per-program partial sums of the weight gradient.
-Sums and the normalization run in float32; h is rounded to the input dtype before it is normalized,
-as the eager add does.
+Sums and the normalization run in float32; h is rounded to x's dtype before it is normalized, as
+the eager add does. Under the bf16-mixed recipe the stream x is float32 and delta (a branch's
+output) bf16: h and y are float32 and delta's gradient is dx rounded to bf16, as eager autograd
+rounds it.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class AddRMSNorm(torch.autograd.Function):
         _add_rms_norm_forward_kernel[(rows,)](x2, delta2, weight, h, y, rstd, cols, eps, BLOCK_C=block_c,
                                               num_warps=_warps(block_c))
         ctx.save_for_backward(h, weight, rstd)
-        ctx.shape = x.shape
+        ctx.shape, ctx.delta_dtype = x.shape, delta.dtype
         ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         return h.view(x.shape), y.view(x.shape)
 
@@ -90,7 +92,7 @@ class AddRMSNorm(torch.autograd.Function):
         h, weight, rstd = ctx.saved_tensors
         rows, cols = h.shape
         if grad_y is None:
-            return grad_h, grad_h, None, None
+            return grad_h, grad_h.to(ctx.delta_dtype), None, None
         grad_y = grad_y.reshape(rows, cols).contiguous()
         if grad_h is not None:
             grad_h = grad_h.reshape(rows, cols).contiguous()
@@ -102,10 +104,11 @@ class AddRMSNorm(torch.autograd.Function):
             grad_y, grad_h if grad_h is not None else grad_y, h, weight, rstd, dx, dw_partial, rows, cols,
             HAS_DH=grad_h is not None, ROWS=_BACKWARD_ROWS, BLOCK_C=block_c, num_warps=_warps(block_c))
         dx = dx.view(ctx.shape)
-        return dx, dx, dw_partial.sum(dim=0).to(weight.dtype), None
+        return dx, dx.to(ctx.delta_dtype), dw_partial.sum(dim=0).to(weight.dtype), None
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, y): h = x + delta in x's dtype, y = rmsnorm(h) * weight; x, delta (..., cols) of one dtype."""
+    """(h, y): h = x + delta in x's dtype, y = rmsnorm(h) * weight; x, delta (..., cols) of one dtype,
+    or x float32 and delta of a lower precision."""
     return AddRMSNorm.apply(x, delta, weight.to(x.dtype).contiguous(), eps)

@@ -11,6 +11,7 @@ from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts import get_backend
 from foldmill.moe.experts.mlp import grouped_swiglu_experts
 from foldmill.moe.experts.routing import permute_tokens, plan_routing, unpermute_tokens
+from foldmill.moe.kernels import use_triton
 from foldmill.moe.model.router import TopKRouter
 from foldmill.moe.parallel.expert_parallel import expert_parallel_experts
 from foldmill.moe.parallel.mesh import ExpertShard
@@ -28,6 +29,16 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
+
+
+def to_compute_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t cast to `dtype`. On CUDA a float32 tensor's gradient comes back through a vectorized
+    kernel (moe/kernels/cast.py): under bf16-mixed that is every expert weight's gradient."""
+    if t.dtype == torch.float32 and dtype != t.dtype and use_triton(t) and not torch.compiler.is_compiling():
+        from foldmill.moe.kernels.cast import cast_for_compute_triton
+
+        return cast_for_compute_triton(t, dtype)
+    return t.to(dtype)
 
 
 class Experts(nn.Module):
@@ -50,7 +61,7 @@ class Experts(nn.Module):
         """x (tokens, H); weights, experts (tokens, top_k) -> (tokens, H)."""
         dtype = compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            x, w13, w2 = x.to(dtype), self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
+            x, w13, w2 = (to_compute_dtype(t, dtype) for t in (x, self.gate_up_proj, self.down_proj))
             if self.shard is not None:
                 return expert_parallel_experts(x, weights, experts, w13, w2, self.backend, self.shard,
                                                self.recompute)

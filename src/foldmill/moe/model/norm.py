@@ -20,11 +20,13 @@ class RMSNorm(nn.Module):
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, norm(h)) for the residual stream h = x + delta (delta None: h = x). On CUDA one fused
-        Triton kernel each way (moe/kernels/rms_norm.py); elsewhere, and under torch.compile, the add
-        then torch's norm."""
+        Triton kernel each way (moe/kernels/rms_norm.py), for x and delta of one dtype or a float32
+        stream x taking a lower-precision delta (bf16-mixed); elsewhere, and under torch.compile, the
+        add then torch's norm."""
         if delta is None:
             return x, self(x)
-        if use_triton(x) and x.dtype == delta.dtype and not torch.compiler.is_compiling():
+        mixed = x.dtype == torch.float32 and delta.dtype in (torch.bfloat16, torch.float16)
+        if (x.dtype == delta.dtype or mixed) and use_triton(x) and not torch.compiler.is_compiling():
             from foldmill.moe.kernels.rms_norm import add_rms_norm_triton
 
             return add_rms_norm_triton(x, delta, self.weight, self.eps)
