@@ -189,6 +189,11 @@ def test_bench_profile_sorts_kernels_into_categories():
             "foreach kernels (gradient norm)",
         "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>": "norms",
         "_add_rms_norm_backward_kernel": "norms",
+        "_upcast_kernel": "casts and copies",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::Tensor"
+        "IteratorBase&)::{lambda(float)#1}": "casts and copies",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIterator"
+        "Base&)::{lambda()#3}": "casts and copies",
         "_permute_kernel": OTHER_KERNELS,
         "Memset (Device)": OTHER_KERNELS,
     }

@@ -6,8 +6,9 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
          MoEBlock (grouped, fp8_rowwise, mxfp8), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
-  profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend,
-         from a torch profiler trace
+         (bf16 weights; the bf16-mixed rows as moe.precision's default trains)
+  profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
+         and recipe (bf16, bf16-mixed), from a torch profiler trace
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
 (989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
 8192^3 GEMM rate of the row's precision measured at the start of the run.
@@ -133,6 +134,7 @@ KERNEL_CATEGORIES = (
     ("dense GEMMs (projections, router, logits)", ("nvjet", "gemm", "xmma")),
     ("foreach kernels (gradient norm)", ("multi_tensor_apply",)),
     ("norms", ("layer_norm", "rms_norm", "GammaBeta")),
+    ("casts and copies", ("_upcast_kernel", "copy_kernel")),
 )
 OTHER_KERNELS = "other kernels"
 
@@ -396,6 +398,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from foldmill.moe.parallel.gradients import clip_factor
     from foldmill.moe.train.compile import compile_dense_blocks
     from foldmill.moe.train.graphs import CapturedForwardBackward
+    from foldmill.moe.train.loss import autocast
     from foldmill.moe.train.metrics import flops_per_token
     from foldmill.moe.train.optim import AdamW
 
@@ -405,7 +408,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     data = torch.randint(4, config.vocab_size, (batch, seq_len + 1), device=device)
     flops = flops_per_token(config, seq_len) * batch * seq_len
     results: list[dict] = []
-    label = f"{name} x{config.num_layers} layers, {batch}x{seq_len} tokens, bf16 params + AdamW"
+    label = f"{name} x{config.num_layers} layers, {batch}x{seq_len} tokens"
 
     # Records of 50-800 tokens packed back to back (proteins' median is about 400), for the
     # document-masked row: attention within each record (FlexAttention block mask).
@@ -413,14 +416,17 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     documents = torch.stack([torch.repeat_interleave(torch.arange(row.numel()), row)[:seq_len] for row in lengths])
     documents = documents.to(device)
 
-    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data) -> torch.Tensor:
+    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data,
+                recipe: str = "bf16") -> torch.Tensor:
+        """recipe: the moe.precision the foldmill model trains in (bf16, or bf16-mixed under autocast)."""
         if hf:
             return model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
-        logits = model(batch[:, :-1], documents if masked else None).logits
+        with autocast(device, recipe):
+            logits = model(batch[:, :-1], documents if masked else None).logits
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
     def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool,
-                      torch_optimizer: bool) -> Callable[[], None]:
+                      torch_optimizer: bool, recipe: str = "bf16") -> Callable[[], None]:
         """One training step: HF rows (and torch_optimizer) clip with torch and step torch's fused AdamW;
         foldmill rows clip inside foldmill's AdamW update, as the trainer does."""
         if hf or torch_optimizer:
@@ -436,7 +442,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
                 optimizer.step(grad_scale=clip_factor(model, 1.0)[1])
 
         if graphed:  # what the trainer does with moe.cuda_graphs
-            captured = CapturedForwardBackward(lambda batch: (loss_of(model, hf, masked, batch),),
+            captured = CapturedForwardBackward(lambda batch: (loss_of(model, hf, masked, batch, recipe),),
                                                list(model.parameters()))
 
             def graphed_step() -> None:
@@ -446,17 +452,17 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             return graphed_step
 
         def step() -> None:
-            loss_of(model, hf, masked).backward()
+            loss_of(model, hf, masked, recipe=recipe).backward()
             update()
             optimizer.zero_grad(set_to_none=True)
 
         return step
 
-    def activation_gib(model: torch.nn.Module, hf: bool, masked: bool) -> float:
+    def activation_gib(model: torch.nn.Module, hf: bool, masked: bool, recipe: str) -> float:
         """Memory the forward pass keeps for the backward (allocated after the loss minus before)."""
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        loss = loss_of(model, hf, masked)
+        loss = loss_of(model, hf, masked, recipe=recipe)
         torch.cuda.synchronize()
         kept = torch.cuda.memory_allocated() - before
         loss.backward()
@@ -464,13 +470,15 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return round(kept / 2**30, 2)
 
     def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]], precision: str,
-            masked: bool = False, graphed: bool = False, torch_optimizer: bool = False) -> None:
+            masked: bool = False, graphed: bool = False, torch_optimizer: bool = False,
+            recipe: str = "bf16") -> None:
         def measure() -> dict:
             model, hf = build()
-            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer), repeats, warmup=3)
+            # Not kept: a captured step's graph memory would stay through activation_gib's eager pass.
+            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer, recipe), repeats, warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
-                    "activation_gib": activation_gib(model, hf, masked)}
+                    "activation_gib": activation_gib(model, hf, masked, recipe)}
 
         result = {"section": "step", "shape": label, "variant": variant}
         _guarded(results, result, measure)
@@ -483,26 +491,29 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 
         return build
 
-    def foldmill_model(backend: str, compiled: bool = False,
+    def foldmill_model(backend: str, compiled: bool = False, recipe: str = "bf16",
                        **settings: bool) -> Callable[[], tuple[torch.nn.Module, bool]]:
-        """`settings`: ModelConfig fields that differ from the step model's (e.g. recompute_experts)."""
+        """`settings`: ModelConfig fields that differ from the step model's (e.g. recompute_experts);
+        recipe bf16-mixed keeps the parameters (and so AdamW's states) in float32."""
 
         def build() -> tuple[torch.nn.Module, bool]:
             with torch.device(device):
                 model_config = dataclasses.replace(config, expert_backend=backend, **settings)
-                model = MoEDecoder(model_config).to(torch.bfloat16)
+                model = MoEDecoder(model_config)
+                if recipe == "bf16":
+                    model = model.to(torch.bfloat16)
             return (compile_dense_blocks(model) if compiled else model), False
 
         return build
 
-    def profile_rows(backend: str) -> None:
+    def profile_rows(backend: str, recipe: str = "bf16") -> None:
         def measure() -> dict:
-            model, hf = foldmill_model(backend)()
+            model, hf = foldmill_model(backend, recipe=recipe)()
             by_category = kernel_ms_by_category(train_step_fn(model, hf, masked=False, graphed=True,
-                                                              torch_optimizer=False))
+                                                              torch_optimizer=False, recipe=recipe))
             return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category}
 
-        variant = f"foldmill {backend}, CUDA graph"
+        variant = f"foldmill {backend}, CUDA graph" + (f", {recipe}" if recipe != "bf16" else "")
         row = {"section": "profile", "shape": label, "variant": f"{variant}: all kernels"}
         _guarded(results, row, measure)
         for category, ms in row.pop("by_category", {}).items():
@@ -512,6 +523,8 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     if profile:
         for backend in backends:
             profile_rows(backend)
+        for backend in backends:
+            profile_rows(backend, recipe="bf16-mixed")
         return results
     for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
@@ -526,6 +539,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
                 graphed=True)
         add_speedups(results)
         return results
+    for backend in backends:  # the trainer's default recipe
+        row(f"foldmill {backend}, CUDA graph, bf16-mixed (moe.precision default: fp32 weights, AdamW states)",
+            foldmill_model(backend, recipe="bf16-mixed"), PRECISION[backend], graphed=True, recipe="bf16-mixed")
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
             foldmill_model(backend, recompute_experts=True), PRECISION[backend], graphed=True)
