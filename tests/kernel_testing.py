@@ -29,6 +29,16 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value.double() - reference.double()).norm() / reference.double().norm())
 
 
+def rms_norm_fp64(h: torch.Tensor, weight: torch.Tensor, grad_y: torch.Tensor,
+                  eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y = rmsnorm(h) * weight in fp64, and the fp64 gradients of h and weight for the output gradient grad_y."""
+    h64 = h.detach().double().requires_grad_()
+    weight64 = weight.detach().double().requires_grad_()
+    y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps) * weight64
+    y64.backward(grad_y.double())
+    return y64.detach(), h64.grad, weight64.grad
+
+
 def run_interpreted(test_file: str, cases: list[dict[str, Any]], directory: Path, timeout: int = 600) -> dict[str, Any]:
     """Save `cases`, run `test_file` as a script under the interpreter, return the outputs it saved."""
     cases_path, outputs_path = directory / "cases.pt", directory / "outputs.pt"

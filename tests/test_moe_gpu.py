@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from foldmill.moe.experts.routing import plan_routing
 from foldmill.moe.quant.mx import quantize_mx
 from foldmill.moe.quant.mx_reference import quantize_mx_reference
+from kernel_testing import relative_error, rms_norm_fp64
 from test_moe_quant import adversarial
 
 pytestmark = pytest.mark.gpu
@@ -137,22 +138,15 @@ def test_fused_add_rms_norm_matches_fp64(cols):
     x.requires_grad_()
     delta.requires_grad_()
     weight = (1 + 0.2 * torch.randn(cols, device=CUDA)).bfloat16().requires_grad_()
-
-    def relative(got, want):
-        return float((got.detach().double() - want).norm() / want.norm())
-
     for with_grad_h in (True, False):
         h, y = add_rms_norm_triton(x, delta, weight, 1e-5)
         torch.autograd.backward([h, y] if with_grad_h else [y], [grad_h, grad_y] if with_grad_h else [grad_y])
         assert torch.equal(h, x.detach() + delta.detach())
-        h64 = h.detach().double().requires_grad_()
-        weight64 = weight.detach().double().requires_grad_()
-        y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight64
-        y64.backward(grad_y.double())
-        want_x = h64.grad + (grad_h.double() if with_grad_h else 0)
+        want_y, want_h, want_weight = rms_norm_fp64(h, weight, grad_y)
+        want_x = want_h + (grad_h.double() if with_grad_h else 0)
         assert torch.equal(x.grad, delta.grad)
-        for got, want in ((y, y64.detach()), (x.grad, want_x), (weight.grad, weight64.grad)):
-            assert relative(got, want) < 1.05 * relative(want.to(torch.bfloat16), want)
+        for got, want in ((y, want_y), (x.grad, want_x), (weight.grad, want_weight)):
+            assert relative_error(got.detach(), want) < 1.05 * relative_error(want.to(torch.bfloat16), want)
         x.grad = delta.grad = weight.grad = None
 
 
@@ -172,12 +166,9 @@ def test_fused_add_rms_norm_on_a_float32_stream_matches_fp64():
     assert h.dtype == y.dtype == torch.float32 and delta.grad.dtype == torch.bfloat16
     assert torch.equal(h, x.detach() + delta.detach())
     assert torch.equal(delta.grad, x.grad.bfloat16())
-    h64 = h.detach().double().requires_grad_()
-    weight64 = weight.detach().double().requires_grad_()
-    y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-5) * weight64
-    y64.backward(grad_y.double())
-    for got, want in ((y, y64.detach()), (x.grad, h64.grad + grad_h.double()), (weight.grad, weight64.grad)):
-        assert float((got.detach().double() - want).norm() / want.norm()) < 1e-6
+    want_y, want_h, want_weight = rms_norm_fp64(h, weight, grad_y)
+    for got, want in ((y, want_y), (x.grad, want_h + grad_h.double()), (weight.grad, want_weight)):
+        assert relative_error(got.detach(), want) < 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
