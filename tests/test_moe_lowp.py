@@ -155,7 +155,7 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
-    """A misspelt --sections name stops the bench before any GPU work, naming what is valid."""
+    """A misspelt --sections name or model config stops the bench before any GPU work, naming what is valid."""
     from foldmill.bench._standalone import main
     from foldmill.bench.moe import parse_sections, register
 
@@ -165,6 +165,9 @@ def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
     assert error == "error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile\n"
     assert main(register, ["--sections", ","]) == 2
     assert "no section named; choose from" in capsys.readouterr().err
+    assert main(register, ["--wide-step-model", "mixtral_8x7b"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: unknown model config 'mixtral_8x7b'; choose one of ") and error.count("\n") == 1
 
 
 def test_bench_profile_sorts_kernels_into_categories():

@@ -6,7 +6,8 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
          MoEBlock (grouped, fp8_rowwise, mxfp8), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
-         (bf16 weights; the bf16-mixed rows as moe.precision's default trains)
+         (bf16 weights; the bf16-mixed rows as moe.precision's default trains); captured steps again
+         with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
@@ -47,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--large-step-tokens", type=int, default=32768,
                         help="tokens per step of the larger-batch step rows: captured steps, HF grouped_mm (0 skips)")
+    parser.add_argument("--wide-step-model", default="mixtral_8x7b_layer",
+                        help="model config whose layer shape the wide step rows take, with the step model's "
+                             "vocabulary: captured steps, HF grouped_mm, at both token counts ('' skips)")
+    parser.add_argument("--wide-step-layers", type=int, default=4, help="layers of the wide step rows' model")
     parser.add_argument("--backends", default="grouped,fp8_rowwise,mxfp8")
     parser.add_argument("--repeats", type=int, default=10)
     parser.set_defaults(handler=run)
@@ -389,9 +394,11 @@ def add_speedups(results: list[dict]) -> None:
 
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
-               peaks: dict[str, float], captured_only: bool = False, profile: bool = False) -> list[dict]:
-    """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches);
-    `profile`: instead, each backend's captured step's GPU time per kernel category."""
+               peaks: dict[str, float], captured_only: bool = False, profile: bool = False,
+               vocab_size: int = 0) -> list[dict]:
+    """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches,
+    wider models); `profile`: instead, each backend's captured step's GPU time per kernel category;
+    `layers`, `vocab_size`: overrides of the named config's (0 keeps its own)."""
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
@@ -402,13 +409,15 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from foldmill.moe.train.metrics import flops_per_token
     from foldmill.moe.train.optim import AdamW
 
-    config = model_config(name, max_seq_len=seq_len, **({"num_layers": layers} if layers else {}))
+    overrides = {key: value for key, value in (("num_layers", layers), ("vocab_size", vocab_size)) if value}
+    config = model_config(name, max_seq_len=seq_len, **overrides)
     device = torch.device("cuda")
     batch = max(tokens // seq_len, 1)
     data = torch.randint(4, config.vocab_size, (batch, seq_len + 1), device=device)
     flops = flops_per_token(config, seq_len) * batch * seq_len
     results: list[dict] = []
-    label = f"{name} x{config.num_layers} layers, {batch}x{seq_len} tokens"
+    vocab = f", vocab {vocab_size}" if vocab_size else ""
+    label = f"{name} x{config.num_layers} layers{vocab}, {batch}x{seq_len} tokens"
 
     # Records of 50-800 tokens packed back to back (proteins' median is about 400), for the
     # document-masked row: attention within each record (FlexAttention block mask).
@@ -599,6 +608,8 @@ def parse_sections(text: str) -> set[str]:
 
 def run(args: argparse.Namespace) -> int:
     sections = parse_sections(args.sections)
+    for name in filter(None, (args.step_model, args.wide_step_model)):
+        model_config(name)  # a misspelt config stops the bench before any GPU work
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
     out = Path(args.out)
@@ -630,6 +641,13 @@ def run(args: argparse.Namespace) -> int:
             rows += bench_step(args.step_model, args.step_layers, args.large_step_tokens, args.seq_len, backends,
                                args.repeats, peaks, captured_only=True)
             save()
+        if args.wide_step_model:
+            # With the step model's vocabulary: a sequence model with wider experts, not a language model.
+            vocab_size = model_config(args.step_model).vocab_size
+            for tokens in filter(None, (args.tokens, args.large_step_tokens)):
+                rows += bench_step(args.wide_step_model, args.wide_step_layers, tokens, args.seq_len, backends,
+                                   args.repeats, peaks, captured_only=True, vocab_size=vocab_size)
+                save()
     if "profile" in sections:
         rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
                            profile=True)
