@@ -168,6 +168,9 @@ def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
     assert main(register, ["--wide-step-model", "mixtral_8x7b"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: unknown model config 'mixtral_8x7b'; choose one of ") and error.count("\n") == 1
+    assert main(register, ["--layer-shapes", "bio_8x1b,mixtral"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: unknown model config 'mixtral'; choose one of ") and error.count("\n") == 1
 
 
 def test_bench_profile_sorts_kernels_into_categories():

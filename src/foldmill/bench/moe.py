@@ -608,7 +608,7 @@ def parse_sections(text: str) -> set[str]:
 
 def run(args: argparse.Namespace) -> int:
     sections = parse_sections(args.sections)
-    for name in filter(None, (args.step_model, args.wide_step_model)):
+    for name in filter(None, (*args.layer_shapes.split(","), args.step_model, args.wide_step_model)):
         model_config(name)  # a misspelt config stops the bench before any GPU work
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
