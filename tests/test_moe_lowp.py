@@ -223,19 +223,20 @@ def test_bench_profile_sorts_kernels_into_categories():
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton
-    # launches them with (mx_quant._DUAL_BLOCK_C, _DUAL_WARPS; 4 warps for all three outputs).
+    # launches them with (mx_quant._BOTH_WAYS_*, _INPUT_* and _ALL_THREE_* block columns and warps).
     **{
         f"_dual_kernel[{name}]": (
             "foldmill.moe.kernels.mx_quant",
             {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
              "mx_scale_ptr": "*u8"},
             ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
-            {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": along_rows, "ALONG_ROWS_MX": keep, "BLOCK_C": 64},
+            {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": along_rows, "ALONG_ROWS_MX": keep, "BLOCK_C": block_c},
             None,
             (warps, 3),
         )
-        for name, along_rows, keep, warps in [("weights and dy", True, False, 2), ("x and a", False, True, 2),
-                                              ("all three", True, True, 4)]
+        for name, along_rows, keep, block_c, warps in [("weights and dy", True, False, 128, 4),
+                                                       ("x and a", False, True, 64, 2),
+                                                       ("all three", True, True, 64, 4)]
     },
     # The SwiGLU kernels, plain and writing the MXFP8 backend's copies (kernels/swiglu.py launches).
     **{
@@ -247,7 +248,7 @@ COMPILE_CASES = {
             None,
             (warps, 3),
         )
-        for name, mx, block_f, warps in [("plain", False, 128, 4), ("mx", True, 32, 1)]
+        for name, mx, block_f, warps in [("plain", False, 128, 4), ("mx", True, 64, 2)]
     },
     "_swiglu_backward_kernel": (
         "foldmill.moe.kernels.swiglu",
@@ -260,9 +261,9 @@ COMPILE_CASES = {
         {"h_ptr": "*bf16", "p_ptr": "*fp32", "da_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16",
          "dp_ptr": "*fp32"},
         ("rows", "ffn"),
-        {"BLOCK_F": 32},
+        {"BLOCK_F": 64},
         None,
-        (2, 3),  # swiglu._MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS
+        (4, 3),  # swiglu._MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS
     ),
     "_dequantize_rows_kernel": (
         "foldmill.moe.kernels.mx_quant",

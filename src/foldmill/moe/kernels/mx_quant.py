@@ -28,11 +28,12 @@ def _rceil_exponent(amax):
 
 @triton.jit
 def block_exponent(values, AXIS: tl.constexpr):
-    """RCEIL exponents (int32) of the 32-value blocks along AXIS, and whether each block is finite."""
-    finite = (values == values) & (tl.abs(values) != float("inf"))
-    block_finite = tl.min(finite.to(tl.int32), axis=AXIS) == 1
-    amax = tl.max(tl.where(finite, tl.abs(values), 0.0), axis=AXIS)
-    return _rceil_exponent(amax), block_finite
+    """RCEIL exponents (int32) of the 32-value blocks along AXIS, and whether each block is finite.
+
+    The block maximum is taken over the magnitudes' bits as integers, which order like the values;
+    NaN and Inf have the largest bits, so one reduction also tells whether the block is finite."""
+    amax_bits = tl.max(values.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    return _rceil_exponent(amax_bits.to(tl.float32, bitcast=True)), amax_bits < 0x7F800000
 
 
 @triton.jit
@@ -44,24 +45,36 @@ def scale_factor(scales):
 
 
 @triton.jit
+def round_to_e4m3(y):
+    """float32 y (|y| <= 448 or NaN) rounded to the nearest E4M3 value, ties to even, sign of zero
+    kept, NaN staying NaN, as float32: the hardware conversion to E4M3 pairs and back to half
+    precision (sm_89+). Written as PTX because going through Triton's float8 type
+    (`y.to(tl.float8e4nv).to(tl.float32)`) gave wrong values on sm_90 in some tile layouts."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b16 pair, lo, hi;
+        .reg .b32 halves;
+        cvt.rn.satfinite.e4m3x2.f32 pair, $3, $2;
+        cvt.rn.f16x2.e4m3x2 halves, pair;
+        mov.b32 {lo, hi}, halves;
+        cvt.f32.f16 $0, lo;
+        cvt.f32.f16 $1, hi;
+        }""",
+        constraints="=r,=r,r,r", args=[y], dtype=tl.float32, is_pure=True, pack=2,
+    )
+
+
+@triton.jit
 def exact_mx_values(values, exponent, finite):
     """(exact float32 values of the E4M3 elements of values * 2^-e times 2^e, those elements as float32).
 
-    `exponent` and `finite` broadcast against `values`; NaN where the block is not finite. Rounds
-    |x| * 2^-e to the E4M3 grid (step 2^(binade - 3), or 2^-9 below the smallest normal 2^-6)
-    by adding and subtracting a number whose float32 ulp is that step: round to nearest even,
-    exactly what the cast does, in arithmetic instead of three conversions per value.
+    `exponent` and `finite` broadcast against `values`. values * 2^-e is exact and within +-448 (RCEIL),
+    so rounding it onto the E4M3 grid is the only rounding. A block that is not finite is scaled
+    by NaN, so all its elements are NaN.
     """
-    inverse = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    bits = (values * inverse).to(tl.int32, bitcast=True)
-    sign = bits & -2147483648
-    magnitude = bits & 0x7FFFFFFF
-    step_field = tl.maximum(magnitude >> 23, 121) - 3
-    shifter = (((step_field + 23) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    rounded = (magnitude.to(tl.float32, bitcast=True) + shifter) - shifter
-    exact = ((rounded * scale_factor(exponent + 127)).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    elements = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    return tl.where(finite, exact, float("nan")), tl.where(finite, elements, float("nan"))
+    inverse = tl.where(finite, ((127 - exponent) << 23).to(tl.float32, bitcast=True), float("nan"))
+    elements = round_to_e4m3(values * inverse)
+    return elements * scale_factor(exponent + 127), elements
 
 
 @triton.jit
@@ -161,12 +174,18 @@ def require_blocks(shape: tuple[int, ...], blocks_along_rows: bool) -> None:
                          f"got {tuple(shape)}")
 
 
-# Columns per 32-row program and warps, measured on the H200 at bio_8x1b's operand shapes: the
-# round trips of one layer's activations (x, a, dy, dh) take 0.83 ms against 1.11 with 4 warps and
-# 1.19 with 128 columns (the rounding done by conversions instead: 0.95; 3-D tiles without reshapes:
-# 1.18); the dequantization 0.15 ms against 0.20 with 64 columns. Both compile without spills
-# (tests/test_moe_lowp.py); all three outputs at once would spill with 2 warps, so take 4 there.
-_DUAL_BLOCK_C, _DUAL_WARPS = 64, 2
+# Columns per 32-row program and warps, measured on the H200 in CUDA graphs at bio_8x1b's operand
+# shapes among 32-128 columns on 1-4 warps, keeping those that compile without spills for any
+# strides (tests/test_moe_lowp.py): an input's copies (x, 16,384 x 2,048: values along the columns
+# and the kept along-rows copy) 0.057 ms with 64 columns on two warps (0.106 before the rounding
+# moved to the hardware conversion); a gradient's or a weight's (values both ways) 0.054 ms for dy
+# (16,384 x 2,048, 0.075 before) and 0.204 for w13 (8 x 8,192 x 2,048, 0.286 before) with 128
+# columns on four warps; a bf16 copy of dy takes 0.034. All three outputs at once (tests only) take
+# 64 columns on four warps, which do not spill. The dequantization: 0.029 ms for x's kept copy with
+# 256 columns on two warps (64-512 columns on 1-8 warps within 4%).
+_INPUT_BLOCK_C, _INPUT_WARPS = 64, 2
+_BOTH_WAYS_BLOCK_C, _BOTH_WAYS_WARPS = 128, 4
+_ALL_THREE_BLOCK_C, _ALL_THREE_WARPS = 64, 4
 _DEQUANT_BLOCK_C, _DEQUANT_WARPS = 256, 2
 
 
@@ -189,13 +208,19 @@ def mx_round_trip_triton(
     by_rows = torch.empty(view.shape, dtype=dtype, device=device) if along_rows else None
     data = torch.empty(view.shape, dtype=torch.float8_e4m3fn, device=device) if keep_along_rows else None
     scale = torch.empty((batches, rows // BLOCK, cols), dtype=torch.uint8, device=device) if keep_along_rows else None
-    grid = (triton.cdiv(rows, 32), triton.cdiv(cols, _DUAL_BLOCK_C), batches)
+    if along_rows and keep_along_rows:
+        block_c, warps = _ALL_THREE_BLOCK_C, _ALL_THREE_WARPS
+    elif along_rows:
+        block_c, warps = _BOTH_WAYS_BLOCK_C, _BOTH_WAYS_WARPS
+    else:
+        block_c, warps = _INPUT_BLOCK_C, _INPUT_WARPS
+    grid = (triton.cdiv(rows, 32), triton.cdiv(cols, block_c), batches)
     placeholder = view
     _dual_kernel[grid](
         view, by_cols if along_cols else placeholder, by_rows if along_rows else placeholder,
         data if keep_along_rows else placeholder, scale if keep_along_rows else placeholder, rows, cols,
         *view.stride(), ALONG_COLS_VALUES=along_cols, ALONG_ROWS_VALUES=along_rows, ALONG_ROWS_MX=keep_along_rows,
-        BLOCK_C=_DUAL_BLOCK_C, num_warps=4 if along_cols and along_rows and keep_along_rows else _DUAL_WARPS,
+        BLOCK_C=block_c, num_warps=warps,
     )
     squeeze = values.dim() == 2
     if squeeze:

@@ -100,13 +100,13 @@ def _swiglu_backward_mx_kernel(
                      True, True, False, BLOCK_F)
 
 
-# Launch settings of the MXFP8-writing kernels, measured on the H200 at bio_8x1b's shapes (16,384
-# rows, F 4,096) among those that compile without spills: forward 0.29 ms with 32 columns on one
-# warp (0.29-0.46 for the other five; SwiGLU then the separate round trip 0.36), backward 0.48 ms
-# with 32 columns on two warps (0.53-0.87 for the other four, 0.74 looping over F in one program;
-# separately 0.51).
-_MX_FORWARD_BLOCK_F, _MX_FORWARD_WARPS = 32, 1
-_MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS = 32, 2
+# Launch settings of the MXFP8-writing kernels, measured on the H200 in CUDA graphs among 32-128
+# columns on 1-4 warps: forward 0.152 ms at bio_8x1b's shape (16,384 rows, F 4,096) and 0.529 at
+# Mixtral-8x7B's (F 14,336) with 64 columns on two warps (plain SwiGLU 0.104 and 0.356; 0.237
+# and 0.838 when the copies were rounded in float32 arithmetic); backward 0.307 and 1.068 ms with
+# 64 columns on four warps (plain 0.180 and 0.604; 0.436 and 1.512 before).
+_MX_FORWARD_BLOCK_F, _MX_FORWARD_WARPS = 64, 2
+_MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS = 64, 4
 
 
 def swiglu_forward_triton(h: torch.Tensor, row_probs: torch.Tensor) -> torch.Tensor:
