@@ -154,15 +154,36 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 
+def test_bench_moe_kernel_cases_run_and_count_their_bytes():
+    """The kernels section's cases run (here through the torch paths the CPU takes) and count the
+    bytes of what they read and write: a bf16 copy reads and writes x; the SwiGLU that writes MXFP8
+    copies moves more than the plain one, by its copies' bytes."""
+    from foldmill.bench._moe_kernels import kernel_cases, kernel_shape
+    from foldmill.moe.config import model_config
+
+    config = model_config("tiny")
+    tokens = 64
+    cases = kernel_cases(config, tokens, device="cpu")
+    rows, hidden, ffn = tokens * config.top_k, config.hidden_size, config.ffn_size
+    by_name = {case.variant: case for case in cases}
+    assert len(by_name) == len(cases) == 11
+    assert by_name["bf16 copy of x (memory-speed reference)"].bytes_moved == 2 * 2 * rows * hidden
+    plain, mx = by_name["SwiGLU forward"], by_name["SwiGLU forward writing MXFP8 copies"]
+    assert mx.bytes_moved - plain.bytes_moved == rows * ffn + rows * ffn // 32  # the kept copy and its scales
+    for case in cases:
+        assert case.run() is not None, case.variant
+    assert kernel_shape("tiny", config, tokens) == f"tiny: {rows} expert rows, hidden {hidden}, FFN {ffn}"
+
+
 def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
     """A misspelt --sections name or model config stops the bench before any GPU work, naming what is valid."""
     from foldmill.bench._standalone import main
     from foldmill.bench.moe import parse_sections, register
 
-    assert parse_sections("gemm,profile") == {"gemm", "profile"}
+    assert parse_sections("gemm,profile,kernels") == {"gemm", "profile", "kernels"}
     assert main(register, ["--sections", "step,profle"]) == 2
     error = capsys.readouterr().err
-    assert error == "error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile\n"
+    assert error == "error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile, kernels\n"
     assert main(register, ["--sections", ","]) == 2
     assert "no section named; choose from" in capsys.readouterr().err
     assert main(register, ["--wide-step-model", "mixtral_8x7b"]) == 2

@@ -10,6 +10,9 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
+  kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
+         copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
+         with the bytes they move per second (bench/_moe_kernels.py)
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
 (989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
 8192^3 GEMM rate of the row's precision measured at the start of the run.
@@ -30,17 +33,19 @@ from pathlib import Path
 
 import torch
 
+from foldmill.bench._moe_kernels import kernel_cases, kernel_shape
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
-from foldmill.runtime.timing import cuda_median_ms
+from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("moe", help="MoE experts and training step vs Hugging Face Mixtral (GPU)")
     parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
     parser.add_argument("--sections", default="gemm,layer,step",
-                        help="comma-separated: gemm, layer, step, profile (kernel time by category per step)")
+                        help="comma-separated: gemm, layer, step, profile (kernel time by category per step), "
+                             "kernels (SwiGLU and 8-bit copy kernels alone)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per layer call / per training step")
     parser.add_argument("--step-model", default="bio_8x1b", help="model config for the full training step")
@@ -570,11 +575,28 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     return results
 
 
+# ---------------------------------------------------------------- kernels
+
+
+def bench_kernels(name: str, tokens: int) -> list[dict]:
+    """Each kernel of _moe_kernels.kernel_cases, timed in a CUDA graph, with the rate of bytes it moves."""
+    config = model_config(name)
+    shape = kernel_shape(name, config, tokens)
+    results: list[dict] = []
+    for case in kernel_cases(config, tokens):
+        def measure(case=case) -> dict:
+            ms = cuda_graph_median_ms(case.run)
+            return {"ms": round(ms, 4), "gb_per_s": round(case.bytes_moved / ms / 1e6, 1)}
+
+        _guarded(results, {"section": "kernels", "shape": shape, "variant": case.variant}, measure)
+    return results
+
+
 # ---------------------------------------------------------------- report
 
 
 def markdown_table(rows: list[dict]) -> str:
-    columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "precision", "mfu_spec", "mfu_bf16_spec",
+    columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "gb_per_s", "precision", "mfu_spec", "mfu_bf16_spec",
                "mfu_measured", "speedup_vs_eager", "speedup_vs_grouped_mm", "speedup_vs_foldmill_grouped",
                "activation_gib", "peak_memory_gib", "rel_error_vs_fp32", "rel_diff_vs_hf_eager", "error"]
     used = [c for c in columns if any(c in r for r in rows)]
@@ -593,7 +615,7 @@ def report_header(device_name: str, peaks: dict[str, float], contenders: dict[st
             f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
-SECTIONS = ("gemm", "layer", "step", "profile")
+SECTIONS = ("gemm", "layer", "step", "profile", "kernels")
 
 
 def parse_sections(text: str) -> set[str]:
@@ -652,6 +674,10 @@ def run(args: argparse.Namespace) -> int:
         rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
                            profile=True)
         save()
+    if "kernels" in sections:
+        for name in filter(None, (args.step_model, args.wide_step_model)):
+            rows += bench_kernels(name, args.tokens)
+            save()
     print(markdown_table(rows))
     return 0
 

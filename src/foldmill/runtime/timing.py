@@ -22,3 +22,29 @@ def cuda_median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> f
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     return statistics.median(times)
+
+
+def cuda_graph_median_ms(fn: Callable[[], object], calls: int = 20, replays: int = 5) -> float:
+    """Median milliseconds per fn() call over `replays` replays of one CUDA graph that holds `calls`
+    calls: for kernels shorter than their launch from Python, whose eager timing measures the host."""
+    fn()  # compile and autotune outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls)
+    return statistics.median(times)
