@@ -182,7 +182,8 @@ def require_blocks(shape: tuple[int, ...], blocks_along_rows: bool) -> None:
 # (16,384 x 2,048, 0.075 before) and 0.204 for w13 (8 x 8,192 x 2,048, 0.286 before) with 128
 # columns on four warps; a bf16 copy of dy takes 0.034. All three outputs at once (tests only) take
 # 64 columns on four warps, which do not spill. The dequantization: 0.029 ms for x's kept copy with
-# 256 columns on two warps (64-512 columns on 1-8 warps within 4%).
+# 256 columns on two warps (64-512 columns on 1-8 warps within 4%). `foldmill bench moe --sections
+# kernels` times the chosen settings.
 _INPUT_BLOCK_C, _INPUT_WARPS = 64, 2
 _BOTH_WAYS_BLOCK_C, _BOTH_WAYS_WARPS = 128, 4
 _ALL_THREE_BLOCK_C, _ALL_THREE_WARPS = 64, 4

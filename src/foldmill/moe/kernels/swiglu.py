@@ -104,7 +104,8 @@ def _swiglu_backward_mx_kernel(
 # columns on 1-8 warps: forward 0.152 ms at bio_8x1b's shape (16,384 rows, F 4,096) and 0.529 at
 # Mixtral-8x7B's (F 14,336) with 64 columns on two warps (plain SwiGLU 0.104 and 0.356; 0.237
 # and 0.838 when the copies were rounded in float32 arithmetic); backward 0.307 and 1.068 ms with
-# 64 columns on four warps (plain 0.180 and 0.604; 0.436 and 1.512 before).
+# 64 columns on four warps (plain 0.180 and 0.604; 0.436 and 1.512 before). `foldmill bench moe
+# --sections kernels` times the chosen settings.
 _MX_FORWARD_BLOCK_F, _MX_FORWARD_WARPS = 64, 2
 _MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS = 64, 4
 
