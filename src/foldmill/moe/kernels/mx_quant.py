@@ -17,9 +17,9 @@ from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
-def _rceil_exponent(amax):
-    """RCEIL scale exponent (int32) of non-negative finite float32 block maxima, clamped at -127."""
-    bits = amax.to(tl.int32, bitcast=True)
+def _rceil_exponent(bits):
+    """RCEIL scale exponent (int32) of non-negative finite float32 block maxima given by their bits
+    (int32), clamped at -127."""
     exponent_field = bits >> 23
     mantissa_above = ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
     exponent = tl.where(exponent_field == 0, -127, exponent_field - 135 + mantissa_above)
@@ -33,7 +33,7 @@ def block_exponent(values, AXIS: tl.constexpr):
     The block maximum is taken over the magnitudes' bits as integers, which order like the values;
     NaN and Inf have the largest bits, so one reduction also tells whether the block is finite."""
     amax_bits = tl.max(values.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
-    return _rceil_exponent(amax_bits.to(tl.float32, bitcast=True)), amax_bits < 0x7F800000
+    return _rceil_exponent(amax_bits), amax_bits < 0x7F800000
 
 
 @triton.jit
