@@ -176,7 +176,8 @@ def test_bench_moe_kernel_cases_run_and_count_their_bytes():
 
 
 def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
-    """A misspelt --sections name or model config stops the bench before any GPU work, naming what is valid."""
+    """A misspelt --sections name or model config, or a token count the kernels section cannot split,
+    stops the bench before any GPU work in one line, naming what is valid."""
     from foldmill.bench._standalone import main
     from foldmill.bench.moe import parse_sections, register
 
@@ -192,6 +193,10 @@ def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
     assert main(register, ["--layer-shapes", "bio_8x1b,mixtral"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: unknown model config 'mixtral'; choose one of ") and error.count("\n") == 1
+    assert main(register, ["--sections", "kernels", "--tokens", "100"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: --tokens 100: the kernels section splits bio_8x1b's 200 expert rows ")
+    assert error.endswith("a positive multiple of 256\n") and error.count("\n") == 1
 
 
 def test_bench_profile_sorts_kernels_into_categories():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from foldmill.errors import FoldmillError
 from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts.mxfp8 import (
     along_rows_values,
@@ -36,9 +37,18 @@ class KernelCase:
     bytes_moved: int
 
 
+def check_kernel_tokens(name: str, config: ModelConfig, tokens: int) -> None:
+    """The expert rows split evenly over the experts in whole 32-row MXFP8 blocks, or a one-line error."""
+    rows, experts = tokens * config.top_k, config.num_experts
+    if tokens <= 0 or rows % (32 * experts):
+        raise FoldmillError(f"--tokens {tokens}: the kernels section splits {name}'s {rows} expert rows "
+                            f"(tokens x top-{config.top_k}) evenly over {experts} experts in blocks of 32; "
+                            f"choose tokens with tokens x {config.top_k} a positive multiple of {32 * experts}")
+
+
 def kernel_cases(config: ModelConfig, tokens: int, device: torch.device | str = "cuda") -> list[KernelCase]:
     """The kernels of one expert MLP at `tokens` tokens (tokens x top_k expert rows, split evenly
-    over the experts), on random bf16 data."""
+    over the experts; check_kernel_tokens holds), on random bf16 data."""
     rows, hidden, ffn, experts = tokens * config.top_k, config.hidden_size, config.ffn_size, config.num_experts
     generator = torch.Generator(device=device).manual_seed(0)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from foldmill.bench._moe_kernels import kernel_cases, kernel_shape
+from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kernel_shape
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
@@ -632,6 +632,9 @@ def run(args: argparse.Namespace) -> int:
     sections = parse_sections(args.sections)
     for name in filter(None, (*args.layer_shapes.split(","), args.step_model, args.wide_step_model)):
         model_config(name)  # a misspelt config stops the bench before any GPU work
+    if "kernels" in sections:
+        for name in filter(None, (args.step_model, args.wide_step_model)):
+            check_kernel_tokens(name, model_config(name), args.tokens)
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
     out = Path(args.out)

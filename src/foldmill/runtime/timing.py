@@ -37,14 +37,4 @@ def cuda_graph_median_ms(fn: Callable[[], object], calls: int = 20, replays: int
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / calls)
-    return statistics.median(times)
+    return cuda_median_ms(graph.replay, replays, warmup=1) / calls
