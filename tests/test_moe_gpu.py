@@ -95,6 +95,50 @@ def test_fused_swiglu_and_permute_match_torch():
     assert torch.allclose(sum_rows_triton(rows, plan.slot_rows).float(), 2 * x.float(), rtol=1e-2)
 
 
+@pytest.mark.parametrize(("tokens", "top_k", "experts", "pad", "nonempty"),
+                         [(8192, 2, 8, 16, True), (8192, 2, 8, 32, False), (32768, 2, 8, 16, True),
+                          (8192, 2, 64, 1, False), (4096, 8, 128, 16, False)])
+def test_routing_plan_kernels_give_the_torch_plan_at_step_sizes(tokens, top_k, experts, pad, nonempty):
+    """The step's slot counts (and many experts: 128 falls back to torch) give the torch plan's
+    integers; skewed routing leaves experts empty and groups of very different sizes."""
+    from foldmill.moe.experts import routing
+
+    generator = torch.Generator(device=CUDA).manual_seed(tokens + experts)
+    weights = torch.rand(experts, device=CUDA, generator=generator) ** 4
+    index = torch.multinomial(weights.expand(tokens, -1), top_k, generator=generator)
+    got = plan_routing(index, experts, pad, nonempty)
+    flat = index.reshape(-1)
+    capacity = got.source_slots.numel()
+    want = routing._plan_in_torch(flat, experts, pad, nonempty, capacity)
+    for field, expected in zip(("slot_rows", "source_slots", "group_ends", "tokens_per_expert"), want):
+        value = getattr(got, field).reshape(expected.shape)
+        assert value.dtype == expected.dtype and torch.equal(value, expected), field
+
+
+def test_gradient_norm_kernel_is_the_float64_norm_and_can_be_captured():
+    """clip_factor's kernel over gradients of mixed dtypes and sizes, one of them a view at an odd
+    offset (torch's loop then): the float64 norm to float32 rounding, the same bits on every call,
+    and inside a CUDA graph too."""
+    from foldmill.moe.parallel.gradients import _sum_of_squares
+
+    generator = torch.Generator(device=CUDA).manual_seed(4)
+    grads = [torch.randn(numel, device=CUDA, generator=generator).to(dtype) * scale for numel, dtype, scale in
+             ((1, torch.float32, 3.0), (9_000_001, torch.bfloat16, 1e-3), (65_536, torch.float32, 10.0),
+              (4_096 * 2_048, torch.bfloat16, 1.0), (0, torch.bfloat16, 1.0))]
+    want = sum(float(grad.double().square().sum()) for grad in grads)
+    total = _sum_of_squares(grads, CUDA)
+    assert abs(float(total) - want) <= 1e-6 * want
+    assert torch.equal(_sum_of_squares(grads, CUDA), total)
+    unaligned = torch.randn(1001, device=CUDA)[1:]
+    assert abs(float(_sum_of_squares(grads + [unaligned], CUDA)) - want - float(unaligned.double().square().sum())) \
+        <= 1e-6 * want
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _sum_of_squares(grads, CUDA)
+    graph.replay()
+    assert torch.equal(captured, total)
+
+
 @pytest.mark.parametrize(("backend", "tolerance"),
                          [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1)])
 def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):

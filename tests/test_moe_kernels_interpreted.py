@@ -1,15 +1,18 @@
-"""The MoE kernels of the bf16-mixed path under Triton's CPU interpreter, reached through the model's
-own dispatch: RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a bf16
-delta) and the experts' to_compute_dtype (a cast whose gradient runs the upcast kernel). The kernels
-run in a child process (kernel_testing.run_interpreted), where the modules' use_triton answers yes
-for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the interpreter rounds
-float32 to bf16 its own way, so bf16 outputs are not compared here)."""
+"""MoE kernels under Triton's CPU interpreter, reached through the model's own dispatch: the routing
+plan's kernels (plan_routing), the clipping norm's sum of squares (clip_factor), and on the
+bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a
+bf16 delta) and the experts' to_compute_dtype (a cast whose gradient runs the upcast kernel). The
+kernels run in a child process (kernel_testing.run_interpreted), where the modules' use_triton
+answers yes for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the
+interpreter rounds float32 to bf16 its own way, so bf16 outputs are not compared here)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from kernel_testing import HAS_TRITON, relative_error, rms_norm_fp64, run_interpreted, serve_cases
+
+from foldmill.moe.experts.routing import plan_routing
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
@@ -56,9 +59,66 @@ def test_cast_for_compute_runs_the_upcast_kernel_and_keeps_the_gradient_bits(tmp
         assert out["grad"].dtype == torch.float32 and torch.equal(out["grad"], case["grad"].float())
 
 
+def test_routing_plan_kernels_give_the_torch_plan(tmp_path):
+    """Every buffer row, group end and count of the Triton plan equals the torch plan's (a stable
+    sort by expert): several chunks, experts no slot chose, a non-power-of-two expert count, empty
+    groups kept at one block, no padding, and many experts (small chunks)."""
+    shapes = [("chunks", 1500, 2, 8, 16, False), ("unused experts", 300, 2, 8, 32, True),
+              ("five experts", 700, 3, 5, 16, False), ("no padding", 900, 2, 8, 1, False),
+              ("many experts", 260, 6, 64, 16, False)]
+    cases = []
+    for name, tokens, top_k, experts, pad, nonempty in shapes:
+        generator = torch.Generator().manual_seed(tokens)
+        chosen = experts - 2 if name == "unused experts" else experts
+        cases.append({"name": name, "kind": "plan", "dtype": "torch.float32", "experts": experts, "pad": pad,
+                      "nonempty": nonempty, "index": torch.randint(0, chosen, (tokens, top_k), generator=generator)})
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
+    for case in cases:
+        out = outputs[case["name"]]
+        assert out["kernel"], case["name"]
+        want = plan_routing(case["index"], case["experts"], case["pad"], case["nonempty"])
+        for field in ("slot_rows", "source_slots", "group_ends", "tokens_per_expert"):
+            got, expected = out[field], getattr(want, field)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (case["name"], field)
+
+
+def test_gradient_sum_of_squares_kernel_matches_fp64(tmp_path):
+    """The clipping norm's kernel over gradients of mixed dtypes and sizes (one element, several
+    64K-element chunks, an empty tensor): the float64 sum of squares, to float32 rounding."""
+    generator = torch.Generator().manual_seed(5)
+    grads = [torch.randn(shape, generator=generator) * scale for shape, scale in
+             (((1,), 3.0), ((140_000,), 1e-3), ((0,), 1.0), ((33, 65), 10.0), ((70_000,), 1.0))]
+    grads = [grad.bfloat16() if index % 2 else grad for index, grad in enumerate(grads)]
+    case = {"name": "grads", "kind": "sum of squares", "dtype": "torch.float32", "grads": grads}
+    out = run_interpreted(__file__, [case], tmp_path, timeout=300)["grads"]
+    assert out["kernel"]
+    want = sum(float(grad.double().square().sum()) for grad in grads)
+    assert out["total"].dtype == torch.float32 and abs(float(out["total"]) - want) <= 1e-6 * want
+
+
 def _run_case(case: dict, dtype: torch.dtype) -> dict:
     """Child process (TRITON_INTERPRET=1): one case through the model's dispatch."""
+    from foldmill.moe.experts import routing
     from foldmill.moe.model import moe, norm
+
+    if case["kind"] == "sum of squares":
+        from foldmill.moe.kernels import grad_norm
+        from foldmill.moe.parallel import gradients
+
+        gradients.use_triton = lambda tensor: True
+        calls = []
+        original = grad_norm.sum_of_squares_triton
+        grad_norm.sum_of_squares_triton = lambda tensors: calls.append(True) or original(tensors)
+        total = gradients._sum_of_squares(case["grads"], torch.device("cpu"))
+        return {"kernel": bool(calls), "total": total}
+    if case["kind"] == "plan":
+        routing.use_triton = lambda tensor: True
+        kernel_plans = []
+        original = routing._plan_in_torch
+        routing._plan_in_torch = lambda *args: kernel_plans.append(False) or original(*args)
+        plan = routing.plan_routing(case["index"], case["experts"], case["pad"], case["nonempty"])
+        return {"kernel": not kernel_plans, **{field: getattr(plan, field) for field in
+                                              ("slot_rows", "source_slots", "group_ends", "tokens_per_expert")}}
 
     norm.use_triton = moe.use_triton = lambda tensor: True
     if case["kind"] == "norm":
@@ -76,4 +136,4 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
 
 
 if __name__ == "__main__":
-    serve_cases(_run_case)
+    serve_cases(_run_case, patch_numpy=True)

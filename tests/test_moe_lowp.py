@@ -218,7 +218,8 @@ def test_bench_profile_sorts_kernels_into_categories():
             "dense GEMMs (projections, router, logits)",
         "_adamw_kernel": "AdamW",
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::TensorListMetadata<1>>":
-            "foreach kernels (gradient norm)",
+            "gradient norm",
+        "_sum_of_squares_kernel": "gradient norm",
         "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, true>": "norms",
         "_add_rms_norm_backward_kernel": "norms",
         "_upcast_kernel": "casts and copies",
@@ -330,6 +331,33 @@ COMPILE_CASES = {
         )
         for name, stream in [("bf16", "*bf16"), ("float32 stream", "*fp32")]
     },
+    "_sum_of_squares_kernel": (
+        "foldmill.moe.kernels.grad_norm",
+        {"addresses_ptr": "*i64", "chunk_starts_ptr": "*i64", "numels_ptr": "*i64", "partials_ptr": "*fp32",
+         "first_ptr": "*bf16"},
+        ("tensors",),
+        {"CHUNK": 65536, "BLOCK": 4096, "TENSORS_BLOCK": 256},  # grad_norm._CHUNK, _BLOCK
+        None,
+        (8, 3),  # grad_norm._WARPS
+    ),
+    # The routing plan at 8 experts (routing._TILE // 8 slots per chunk, routing._WARPS).
+    "_chunk_counts_kernel": (
+        "foldmill.moe.kernels.routing",
+        {"index_ptr": "*i64", "chunk_counts_ptr": "*i32"},
+        ("slots",),
+        {"E_BLOCK": 8, "CHUNK": 1024},
+        None,
+        (8, 3),
+    ),
+    "_place_kernel": (
+        "foldmill.moe.kernels.routing",
+        {"index_ptr": "*i64", "chunk_counts_ptr": "*i32", "counts_ptr": "*i64", "ends_ptr": "*i32",
+         "slot_rows_ptr": "*i64", "source_slots_ptr": "*i64"},
+        ("slots", "capacity", "chunks", "num_experts", "fill_rows"),
+        {"PAD": 16, "NONEMPTY": True, "E_BLOCK": 8, "CHUNK": 1024, "CHUNKS_BLOCK": 64},
+        None,
+        (8, 3),
+    ),
     "_upcast_kernel": (
         "foldmill.moe.kernels.cast",
         {"src_ptr": "*bf16", "dst_ptr": "*fp32"},

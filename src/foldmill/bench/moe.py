@@ -142,7 +142,7 @@ KERNEL_CATEGORIES = (
     ("attention", ("sdpa", "fmha", "flash", "cudnn::fusion", "flex_attention", "triton_tem_")),
     ("AdamW", ("_adamw_kernel",)),
     ("dense GEMMs (projections, router, logits)", ("nvjet", "gemm", "xmma")),
-    ("foreach kernels (gradient norm)", ("multi_tensor_apply",)),
+    ("gradient norm", ("_sum_of_squares_kernel", "multi_tensor_apply")),
     ("norms", ("layer_norm", "rms_norm", "GammaBeta")),
     ("casts and copies", ("_upcast_kernel", "copy_kernel")),
 )

@@ -38,6 +38,23 @@ def plan_routing(
     """
     tokens, top_k = expert_index.shape
     flat = expert_index.reshape(-1)
+    capacity = flat.numel() + num_experts * (pad_multiple if nonempty_groups else pad_multiple - 1)
+    capacity = (capacity + pad_multiple - 1) // pad_multiple * pad_multiple
+    planned = None
+    if use_triton(flat):
+        from foldmill.moe.kernels.routing import plan_routing_triton
+
+        planned = plan_routing_triton(flat, num_experts, pad_multiple, nonempty_groups, capacity)
+    if planned is None:
+        planned = _plan_in_torch(flat, num_experts, pad_multiple, nonempty_groups, capacity)
+    slot_rows, source_slots, padded_ends, counts = planned
+    return RoutingPlan(slot_rows.view(tokens, top_k), source_slots, padded_ends, counts, top_k)
+
+
+def _plan_in_torch(flat: torch.Tensor, num_experts: int, pad_multiple: int, nonempty_groups: bool,
+                   capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(slot_rows, source_slots, padded group ends int32, tokens per expert int64) of the flat
+    expert index: the slots sorted by expert, stably, each group padded."""
     # scatter_add, not bincount: bincount sizes its output from the data and so waits for the GPU.
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + pad_multiple - 1) // pad_multiple * pad_multiple
@@ -51,11 +68,9 @@ def plan_routing(
     rows_sorted = padded_ends[sorted_experts] - padded[sorted_experts] + rank_in_group
     slot_rows = torch.empty_like(flat)
     slot_rows[order] = rows_sorted
-    capacity = flat.numel() + num_experts * (pad_multiple if nonempty_groups else pad_multiple - 1)
-    capacity = (capacity + pad_multiple - 1) // pad_multiple * pad_multiple
     source_slots = torch.full((capacity,), -1, dtype=torch.int64, device=flat.device)
     source_slots[slot_rows] = torch.arange(flat.numel(), device=flat.device)
-    return RoutingPlan(slot_rows.view(tokens, top_k), source_slots, padded_ends.to(torch.int32), counts, top_k)
+    return slot_rows, source_slots, padded_ends.to(torch.int32), counts
 
 
 def permute_rows(

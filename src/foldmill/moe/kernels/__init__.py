@@ -13,6 +13,8 @@ rope.py            rotary embedding of q and k, forward and backward one pass ea
 rms_norm.py        residual add + RMSNorm, forward and backward one pass each
 cast.py            cast to the compute dtype whose gradient converts back in a vectorized kernel
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
+routing.py         the dropless routing plan (each slot's row in the expert-sorted buffer), two launches
+grad_norm.py       float32 sum of squares of many tensors in one launch (the clipping norm)
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from foldmill.moe.kernels import use_triton
 from foldmill.moe.parallel.expert_parallel import local_part
 from foldmill.moe.parallel.sharding import sharded_expert_parameters
 
@@ -37,6 +38,11 @@ def reduce_expert_gradients(model: nn.Module) -> None:
 
 
 def _sum_of_squares(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """float32 sum of the squares of every gradient element: one Triton launch per dtype on CUDA."""
+    if grads and use_triton(grads[0]) and all(grad.is_contiguous() and grad.data_ptr() % 16 == 0 for grad in grads):
+        from foldmill.moe.kernels.grad_norm import sum_of_squares_triton
+
+        return sum_of_squares_triton(grads)
     total = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
         total += grad.float().pow(2).sum()
@@ -47,12 +53,17 @@ def clip_factor(model: nn.Module, max_norm: float) -> tuple[torch.Tensor, torch.
     """(global L2 norm of all gradients, min(1, max_norm / (norm + 1e-6))); the gradients are untouched.
 
     Scaling every gradient by the factor is clipping; foldmill's AdamW applies it inside its update
-    (`step(grad_scale=factor)`). Without sharded experts the norm is torch's (clip_grad_norm_'s).
+    (`step(grad_scale=factor)`). Without sharded experts the norm is torch's (clip_grad_norm_'s) on
+    the CPU; on CUDA it is summed in float32 by one kernel (torch rounds each bf16 gradient's norm
+    to bf16 first).
     """
     experts = sharded_expert_parameters(model)
     if not experts:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        total_norm = torch.nn.utils.get_total_norm(grads)
+        if grads and use_triton(grads[0]):
+            total_norm = _sum_of_squares(grads, grads[0].device).sqrt()
+        else:
+            total_norm = torch.nn.utils.get_total_norm(grads)
         return total_norm, (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     shard = next(iter(experts.values()))[1]
     expert_ids = {id(parameter) for parameter, _ in experts.values()}
