@@ -30,6 +30,9 @@ def _chunk_counts_kernel(index_ptr, chunk_counts_ptr, slots, E_BLOCK: tl.constex
 def _place_kernel(index_ptr, chunk_counts_ptr, counts_ptr, ends_ptr, slot_rows_ptr, source_slots_ptr, slots,
                   capacity, chunks, num_experts, fill_rows, PAD: tl.constexpr, NONEMPTY: tl.constexpr,
                   E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, CHUNKS_BLOCK: tl.constexpr):
+    """Each program: its chunk's slots placed in the buffer (slot_rows and source_slots), -1 on the
+    padding rows among its `fill_rows` of the buffer, and in program 0 the counts and group ends.
+    Every program reduces the whole chunk table itself, so no launch waits for another's totals."""
     chunk = tl.program_id(0)
     experts = tl.arange(0, E_BLOCK)
     real = experts < num_experts
