@@ -581,6 +581,55 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
         captured(batches[0][:1])
 
 
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
+def test_captured_bf16_mixed_steps_with_bf16_experts_match_float32_experts(backend):
+    """bf16-mixed in one process (train/precision.py): captured steps whose AdamW kernel updates
+    float32 masters from bf16 gradients and writes the bf16 weights give, bit for bit, the masters
+    the float32 weights of the recipe that casts them on every pass reach, and their rounding."""
+    import copy
+
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.parallel.gradients import clip_factor
+    from foldmill.moe.train.graphs import CapturedForwardBackward
+    from foldmill.moe.train.loss import autocast
+    from foldmill.moe.train.optim import AdamW
+    from foldmill.moe.train.precision import prepare_parameters
+
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
+    cast_each_pass = MoEDecoder(config).to(CUDA)
+    stored_in_bf16 = copy.deepcopy(cast_each_pass)
+    masters = prepare_parameters(stored_in_bf16, "bf16-mixed")
+    batches = torch.randint(4, config.vocab_size, (4, 2, 129), device=CUDA)
+
+    def steps(model, master_weights):
+        def loss(batch):
+            with autocast(CUDA, "bf16-mixed"):
+                logits = model(batch[:, :-1]).logits
+            return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
+
+        optimizer = AdamW(model.parameters(), lr=1e-2, fused=True, master_weights=master_weights)
+        captured = CapturedForwardBackward(loss, list(model.parameters()))
+        losses = []
+        for batch in batches:
+            losses.append(captured(batch)[0])
+            # A norm past any the gradients reach: the factor is exactly 1 on both sides. (The
+            # norm's float32 partials are summed per dtype, so their order differs between the two.)
+            optimizer.step(grad_scale=clip_factor(model, 1e9)[1])
+        return torch.stack(losses), optimizer
+
+    want_losses, reference = steps(cast_each_pass, None)
+    got_losses, optimizer = steps(stored_in_bf16, masters)
+    assert torch.equal(got_losses, want_losses)
+    for (name, want), got in zip(cast_each_pass.named_parameters(), stored_in_bf16.parameters()):
+        if got in masters:
+            assert torch.equal(masters[got], want) and torch.equal(got, want.bfloat16()), name
+            assert torch.equal(optimizer.state[got]["exp_avg_sq"], reference.state[want]["exp_avg_sq"]), name
+        else:
+            assert torch.equal(got, want), name
+
+
 @pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise"])
 def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir, backend):
     """The pretraining loop with moe.cuda_graphs (the default): same losses as eager, evaluation and checkpoints

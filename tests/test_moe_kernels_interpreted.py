@@ -1,6 +1,6 @@
 """MoE kernels under Triton's CPU interpreter, reached through the model's own dispatch: the routing
-plan's kernels (plan_routing), the clipping norm's sum of squares (clip_factor), and on the
-bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a
+plan's kernels (plan_routing), the clipping norm's sum of squares (clip_factor), AdamW's update of
+a bf16 weight's float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a
 bf16 delta) and the experts' to_compute_dtype (a cast whose gradient runs the upcast kernel). The
 kernels run in a child process (kernel_testing.run_interpreted), where the modules' use_triton
 answers yes for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the
@@ -96,6 +96,25 @@ def test_gradient_sum_of_squares_kernel_matches_fp64(tmp_path):
     assert out["total"].dtype == torch.float32 and abs(float(out["total"]) - want) <= 1e-6 * want
 
 
+def test_adamw_kernel_updates_a_bf16_weights_master_as_a_float32_weight(tmp_path):
+    """The AdamW kernel on a float32 master with the bf16 weight's bf16 gradient: the master, the
+    states and the step are those of the same kernel on a float32 weight with the gradient's
+    float32 values, and the bf16 weight receives the master rounded (within one bf16 ulp: the
+    interpreter does not round to nearest; the GPU test checks the rounding bit for bit)."""
+    generator = torch.Generator().manual_seed(6)
+    case = {"name": "master", "kind": "adamw", "dtype": "torch.float32",
+            "weight": torch.randn(3, 1500, generator=generator),
+            "grads": [(torch.randn(3, 1500, generator=generator) * 10.0 ** -step).bfloat16() for step in range(3)]}
+    out = run_interpreted(__file__, [case], tmp_path, timeout=300)["master"]
+    assert out["kernel"]
+    assert torch.equal(out["master"], out["float32 weight"]) and not torch.equal(out["master"], case["weight"])
+    assert torch.equal(out["master exp_avg_sq"], out["float32 exp_avg_sq"])
+    assert out["master exp_avg_sq"].dtype == torch.float32
+    rounded, master = out["bf16 weight"], out["master"]
+    assert rounded.dtype == torch.bfloat16
+    assert float(((rounded.float() - master).abs() / master.abs()).max()) <= 2.0**-7  # the interpreter truncates
+
+
 def _run_case(case: dict, dtype: torch.dtype) -> dict:
     """Child process (TRITON_INTERPRET=1): one case through the model's dispatch."""
     from foldmill.moe.experts import routing
@@ -111,6 +130,27 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
         grad_norm.sum_of_squares_triton = lambda tensors: calls.append(True) or original(tensors)
         total = gradients._sum_of_squares(case["grads"], torch.device("cpu"))
         return {"kernel": bool(calls), "total": total}
+    if case["kind"] == "adamw":
+        from foldmill.moe.kernels import adamw
+        from foldmill.moe.train import optim
+
+        optim.use_triton = lambda tensor: True
+        calls = []
+        original = adamw.adamw_step_triton
+        adamw.adamw_step_triton = lambda *args, **kwargs: calls.append(True) or original(*args, **kwargs)
+        weight = torch.nn.Parameter(case["weight"].clone())
+        stored = torch.nn.Parameter(case["weight"].bfloat16())
+        master = case["weight"].clone()
+        plain = optim.AdamW([weight], lr=0.1, weight_decay=0.1)
+        mastered = optim.AdamW([stored], lr=0.1, weight_decay=0.1, master_weights={stored: master})
+        for grad in case["grads"]:
+            weight.grad, stored.grad = grad.float(), grad
+            scale = torch.tensor(0.5)
+            plain.step(grad_scale=scale)
+            mastered.step(grad_scale=scale)
+        return {"kernel": len(calls) == 6, "master": master, "float32 weight": weight.detach(),
+                "bf16 weight": stored.detach(), "master exp_avg_sq": mastered.state[stored]["exp_avg_sq"],
+                "float32 exp_avg_sq": plain.state[weight]["exp_avg_sq"]}
     if case["kind"] == "plan":
         routing.use_triton = lambda tensor: True
         kernel_plans = []

@@ -396,14 +396,18 @@ COMPILE_CASES = {
         )
         for name, rowwise, tma in [("both copies, TMA", True, True), ("transposed copy, pointers", False, False)]
     },
-    "_adamw_kernel": (
-        "foldmill.moe.kernels.adamw",
-        {"param_ptr": "*bf16", "grad_ptr": "*bf16", "exp_avg_ptr": "*bf16", "exp_avg_sq_ptr": "*bf16",
-         "step_ptr": "*fp32", "grad_scale_ptr": "*fp32"},
-        ("numel",),
-        {"BLOCK": 1024},
-        {"lr": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32", "weight_decay": "fp32"},
-    ),
+    # bf16 parameters; float32 masters of bf16 weights (bf16-mixed, train/precision.py)
+    **{
+        f"_adamw_kernel[{name}]": (
+            "foldmill.moe.kernels.adamw",
+            {"param_ptr": values, "grad_ptr": "*bf16", "exp_avg_ptr": values, "exp_avg_sq_ptr": values,
+             "step_ptr": "*fp32", "grad_scale_ptr": "*fp32", "rounded_ptr": "*bf16"},
+            ("numel",),
+            {"BLOCK": 1024, "WRITE_ROUNDED": rounded},  # adamw._BLOCK
+            {"lr": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32", "weight_decay": "fp32"},
+        )
+        for name, values, rounded in [("bf16", "*bf16", False), ("float32 master", "*fp32", True)]
+    },
 }
 
 

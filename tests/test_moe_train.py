@@ -125,6 +125,73 @@ def test_adamw_step_with_grad_scale_is_clipping_then_torch_adamw_on_cpu():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("backend", ["grouped", "mxfp8"])
+def test_bf16_mixed_with_bf16_experts_trains_as_with_float32_experts(backend):
+    """bf16-mixed in one process stores the experts in bf16 with float32 masters (train/precision.py):
+    the masters follow exactly the float32 weights of the recipe that casts them on every pass, and
+    the bf16 weights are those masters rounded."""
+    import copy
+
+    from foldmill.moe.config import model_config
+    from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.parallel.gradients import clip_factor
+    from foldmill.moe.train.loss import batch_loss
+    from foldmill.moe.train.optim import build_optimizer
+    from foldmill.moe.train.precision import prepare_parameters
+
+    torch.manual_seed(5)
+    cast_each_pass = MoEDecoder(model_config("tiny", expert_backend=backend, vocab_size=29))
+    stored_in_bf16 = copy.deepcopy(cast_each_pass)
+    masters = prepare_parameters(stored_in_bf16, "bf16-mixed")
+    assert len(masters) == 2 * cast_each_pass.config.num_layers
+    assert all(weight.dtype == torch.bfloat16 for weight in masters)
+    config = TrainConfig(lr=0.02, grad_clip=0.5)
+    optimizers = [build_optimizer(cast_each_pass, config), build_optimizer(stored_in_bf16, config, masters)]
+    clipped = 0
+    for _ in range(3):
+        batch = torch.randint(4, 29, (4, 33))
+        for model, optimizer in zip((cast_each_pass, stored_in_bf16), optimizers):
+            batch_loss(model, batch, "bf16-mixed", 0.01).loss.backward()
+            _, factor = clip_factor(model, config.grad_clip)
+            clipped += bool(factor < 1)
+            optimizer.step(grad_scale=factor)
+            optimizer.zero_grad()
+    assert clipped == 6  # the clipping factor takes part
+    for (name, want), got in zip(cast_each_pass.named_parameters(), stored_in_bf16.parameters()):
+        if got in masters:
+            assert torch.equal(masters[got], want), name
+            assert torch.equal(got, want.bfloat16()), name
+            state, want_state = optimizers[1].state[got], optimizers[0].state[want]
+            assert state["exp_avg_sq"].dtype == torch.float32 and torch.equal(state["exp_avg_sq"], want_state["exp_avg_sq"])
+        else:
+            assert torch.equal(got, want), name
+
+
+def test_bf16_mixed_run_resumes_bit_exactly_and_checkpoints_float32_weights(corpus, tmp_path):
+    from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.train.checkpoint import load_model_weights
+
+    config = TrainConfig(**{**SMALL.__dict__, "precision": "bf16-mixed"})
+    straight = Trainer(corpus, tmp_path / "a", config)
+    straight.fit()
+    masters = straight.optimizer.master_weights
+    assert masters and all(weight.dtype == torch.bfloat16 for weight in masters)
+    shutil.copytree(tmp_path / "a/checkpoints/step_00000003", tmp_path / "b/checkpoints/step_00000003")
+    resumed = Trainer(corpus, tmp_path / "b", config)
+    resumed.fit()
+    want, got = model_parameters(straight), model_parameters(resumed)
+    assert all(torch.equal(want[name], got[name]) for name in want)
+    assert all(torch.equal(a, b) for a, b in zip(masters.values(), resumed.optimizer.master_weights.values()))
+    for a, b in zip(straight.optimizer.state.values(), resumed.optimizer.state.values()):
+        assert a["exp_avg"].dtype == b["exp_avg"].dtype and torch.equal(a["exp_avg"], b["exp_avg"])
+    # The checkpoint holds the float32 masters, as a run with float32 weights would write them.
+    plain = MoEDecoder(straight.model_config)
+    load_model_weights(tmp_path / "a/checkpoints/step_00000006", plain)
+    by_name = dict(plain.named_parameters())
+    for name, weight in straight.model.named_parameters():
+        assert torch.equal(by_name[name], masters.get(weight, weight)), name
+
+
 def test_learning_rate_schedule():
     config = TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
     assert learning_rate(5, config) == pytest.approx(0.5)

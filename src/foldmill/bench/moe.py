@@ -85,6 +85,8 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
 SPEC_PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 # The precision whose tensor-core peak each row is held against (MXFP8 and FP8 are both 8-bit).
 PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8"}
+# A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
+Built = tuple[torch.nn.Module, bool, dict]
 CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "flash_attn")
 
 
@@ -413,6 +415,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from foldmill.moe.train.loss import autocast
     from foldmill.moe.train.metrics import flops_per_token
     from foldmill.moe.train.optim import AdamW
+    from foldmill.moe.train.precision import prepare_parameters
 
     overrides = {key: value for key, value in (("num_layers", layers), ("vocab_size", vocab_size)) if value}
     config = model_config(name, max_seq_len=seq_len, **overrides)
@@ -440,9 +443,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
     def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool,
-                      torch_optimizer: bool, recipe: str = "bf16") -> Callable[[], None]:
+                      torch_optimizer: bool, recipe: str = "bf16",
+                      masters: dict | None = None) -> Callable[[], None]:
         """One training step: HF rows (and torch_optimizer) clip with torch and step torch's fused AdamW;
-        foldmill rows clip inside foldmill's AdamW update, as the trainer does."""
+        foldmill rows clip inside foldmill's AdamW update, as the trainer does (`masters`: the
+        float32 masters of weights stored in bf16, train/precision.py)."""
         if hf or torch_optimizer:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
@@ -450,7 +455,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
         else:
-            optimizer = AdamW(model.parameters(), lr=1e-4, fused=True)
+            optimizer = AdamW(model.parameters(), lr=1e-4, fused=True, master_weights=masters)
 
             def update() -> None:
                 optimizer.step(grad_scale=clip_factor(model, 1.0)[1])
@@ -483,13 +488,13 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         model.zero_grad(set_to_none=True)
         return round(kept / 2**30, 2)
 
-    def row(variant: str, build: Callable[[], tuple[torch.nn.Module, bool]], precision: str,
-            masked: bool = False, graphed: bool = False, torch_optimizer: bool = False,
-            recipe: str = "bf16") -> None:
+    def row(variant: str, build: Callable[[], Built], precision: str, masked: bool = False, graphed: bool = False,
+            torch_optimizer: bool = False, recipe: str = "bf16") -> None:
         def measure() -> dict:
-            model, hf = build()
+            model, hf, masters = build()
             # Not kept: a captured step's graph memory would stay through activation_gib's eager pass.
-            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer, recipe), repeats, warmup=3)
+            ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer, recipe, masters), repeats,
+                                warmup=3)
             rate = batch * seq_len / ms * 1e3
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
                     "activation_gib": activation_gib(model, hf, masked, recipe)}
@@ -498,33 +503,33 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         _guarded(results, result, measure)
         add_mfu(result, precision, peaks)
 
-    def hf_model(implementation: str) -> Callable[[], tuple[torch.nn.Module, bool]]:
-        def build() -> tuple[torch.nn.Module, bool]:
+    def hf_model(implementation: str) -> Callable[[], Built]:
+        def build() -> Built:
             with torch.device(device):
-                return MixtralForCausalLM(_hf_config(config, config.num_layers, implementation)).to(torch.bfloat16), True
+                hf = MixtralForCausalLM(_hf_config(config, config.num_layers, implementation)).to(torch.bfloat16)
+            return hf, True, {}
 
         return build
 
     def foldmill_model(backend: str, compiled: bool = False, recipe: str = "bf16",
-                       **settings: bool) -> Callable[[], tuple[torch.nn.Module, bool]]:
+                       **settings: bool) -> Callable[[], Built]:
         """`settings`: ModelConfig fields that differ from the step model's (e.g. recompute_experts);
-        recipe bf16-mixed keeps the parameters (and so AdamW's states) in float32."""
+        the parameters stored as the trainer stores them for `recipe` (train/precision.py)."""
 
-        def build() -> tuple[torch.nn.Module, bool]:
+        def build() -> Built:
             with torch.device(device):
                 model_config = dataclasses.replace(config, expert_backend=backend, **settings)
                 model = MoEDecoder(model_config)
-                if recipe == "bf16":
-                    model = model.to(torch.bfloat16)
-            return (compile_dense_blocks(model) if compiled else model), False
+            masters = prepare_parameters(model, recipe)
+            return (compile_dense_blocks(model) if compiled else model), False, masters
 
         return build
 
     def profile_rows(backend: str, recipe: str = "bf16") -> None:
         def measure() -> dict:
-            model, hf = foldmill_model(backend, recipe=recipe)()
+            model, hf, masters = foldmill_model(backend, recipe=recipe)()
             by_category = kernel_ms_by_category(train_step_fn(model, hf, masked=False, graphed=True,
-                                                              torch_optimizer=False, recipe=recipe))
+                                                              torch_optimizer=False, recipe=recipe, masters=masters))
             return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category}
 
         variant = f"foldmill {backend}, CUDA graph" + (f", {recipe}" if recipe != "bf16" else "")
@@ -554,7 +559,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         add_speedups(results)
         return results
     for backend in backends:  # the trainer's default recipe
-        row(f"foldmill {backend}, CUDA graph, bf16-mixed (moe.precision default: fp32 weights, AdamW states)",
+        row(f"foldmill {backend}, CUDA graph, bf16-mixed (moe.precision default: float32 masters and AdamW states)",
             foldmill_model(backend, recipe="bf16-mixed"), PRECISION[backend], graphed=True, recipe="bf16-mixed")
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",

@@ -35,6 +35,7 @@ from foldmill.moe.train.distributed import Dist, init_distributed, unwrap, wrap_
 from foldmill.moe.train.loss import batch_loss
 from foldmill.moe.train.metrics import mfu
 from foldmill.moe.train.optim import build_optimizer
+from foldmill.moe.train.precision import prepare_parameters
 from foldmill.moe.train.trainer import build_model_config
 
 
@@ -69,10 +70,9 @@ def benchmark(config: TrainConfig, vocab_size: int, warmup: int, steps: int, env
     model_config = build_model_config(config, vocab_size)
     torch.manual_seed(config.seed)
     model = MoEDecoder(model_config).to(env.device)
-    if config.precision == "bf16":
-        model = model.to(torch.bfloat16)
+    masters = prepare_parameters(model, config.precision, env.world_size, config.expert_parallel)
     model = wrap_model(model, config.parallel, env, config.expert_parallel)
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config, masters)
     generator = torch.Generator().manual_seed(config.seed + env.rank)
     batch = torch.randint(4, vocab_size, (config.batch_size, config.seq_len + 1), generator=generator).to(env.device)
 

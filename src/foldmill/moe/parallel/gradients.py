@@ -54,8 +54,9 @@ def clip_factor(model: nn.Module, max_norm: float) -> tuple[torch.Tensor, torch.
 
     Scaling every gradient by the factor is clipping; foldmill's AdamW applies it inside its update
     (`step(grad_scale=factor)`). Without sharded experts the norm is torch's (clip_grad_norm_'s) on
-    the CPU; on CUDA it is summed in float32 by one kernel (torch rounds each bf16 gradient's norm
-    to bf16 first).
+    the CPU, over float32 values; on CUDA it is summed in float32 by one kernel. Either way a bf16
+    gradient counts as its float32 value (torch would round each bf16 gradient's norm to bf16), so
+    the norm does not depend on the dtype a gradient is stored in.
     """
     experts = sharded_expert_parameters(model)
     if not experts:
@@ -63,7 +64,7 @@ def clip_factor(model: nn.Module, max_norm: float) -> tuple[torch.Tensor, torch.
         if grads and use_triton(grads[0]):
             total_norm = _sum_of_squares(grads, grads[0].device).sqrt()
         else:
-            total_norm = torch.nn.utils.get_total_norm(grads)
+            total_norm = torch.nn.utils.get_total_norm([grad.float() for grad in grads])
         return total_norm, (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     shard = next(iter(experts.values()))[1]
     expert_ids = {id(parameter) for parameter, _ in experts.values()}

@@ -6,6 +6,9 @@ a checkpoint resumes under any other process count or expert-parallel size, or i
 checkpoints/step_00000100/   DCP files of {"model", "optim"} + trainer_state.json (step, data
 sampler, configs). A checkpoint is written under a hidden temporary name and renamed when complete,
 so the newest step_* directory is always whole. Non-tensor state is JSON: nothing is unpickled.
+
+Weights stored in bf16 with float32 masters (bf16-mixed in one process, train/precision.py) are
+saved and loaded as their masters, so every bf16-mixed checkpoint holds float32 weights.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
     barrier()
     model_state, optim_state = get_state_dict(model, optimizer)
+    model_state.update(_masters_by_key(model_state, optimizer))
     expert_state_to_global(model_state, optim_state, unwrap(model))
     with _quiet_single_process():
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=_single_process())
@@ -94,6 +98,8 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     """Restore model and optimizer in place from `path`; returns the trainer state."""
     state = read_state(path)
     model_state, optim_state = get_state_dict(model, optimizer)
+    masters = _masters_by_key(model_state, optimizer)
+    model_state.update({key: torch.empty_like(master) for key, master in masters.items()})
     expert_state_to_global(model_state, optim_state, unwrap(model))
     loaded = {"model": model_state, "optim": optim_state}
     try:
@@ -102,8 +108,17 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     except Exception as error:  # DCP raises assorted errors (missing keys, shape mismatch, bad files)
         raise CheckpointError(f"{path}: cannot load checkpoint: {error}") from None
     expert_state_to_local(loaded["model"], loaded["optim"], unwrap(model))
+    for key, master in masters.items():
+        master.copy_(loaded["model"][key])
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     return state
+
+
+def _masters_by_key(model_state: dict, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """{model state key: float32 master} for the weights the optimizer keeps masters of."""
+    by_address = {param.data_ptr(): master for param, master in getattr(optimizer, "master_weights", {}).items()}
+    return {key: by_address[value.data_ptr()] for key, value in model_state.items()
+            if isinstance(value, torch.Tensor) and value.data_ptr() in by_address}
 
 
 def load_model_weights(path: str | Path, model: nn.Module) -> dict:

@@ -44,14 +44,14 @@ def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_si
     from foldmill.moe.model.decoder import MoEDecoder
     from foldmill.moe.train.checkpoint import load_model_weights, read_state
     from foldmill.moe.train.distributed import init_distributed
+    from foldmill.moe.train.precision import prepare_parameters
 
     env = init_distributed()
     state = read_state(checkpoint)
     model_config = ModelConfig(**state["model_config"])
     train_config = TrainConfig(**state["train_config"])
     model = MoEDecoder(model_config).to(env.device)
-    if train_config.precision == "bf16":
-        model = model.to(torch.bfloat16)
+    prepare_parameters(model, train_config.precision)  # no optimizer here: the masters are not needed
     load_model_weights(checkpoint, model)
     windows = PackedWindows(corpus_dir, "val", train_config.seq_len)
     result = evaluate(model, windows, batch_size, max_batches, train_config.precision, env)

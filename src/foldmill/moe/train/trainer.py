@@ -31,6 +31,7 @@ from foldmill.moe.train.graphs import CapturedForwardBackward
 from foldmill.moe.train.loss import batch_loss
 from foldmill.moe.train.metrics import MetricsLog, mfu
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
+from foldmill.moe.train.precision import prepare_parameters
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,12 @@ class Trainer:
         self.model_config = build_model_config(config, meta["vocab_size"], model_overrides)
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
-        if config.precision == "bf16":
-            model = model.to(torch.bfloat16)
+        masters = prepare_parameters(model, config.precision, self.env.world_size, config.expert_parallel)
         # Optimizations in this order: compile the dense blocks, then distribute (DDP / FSDP2).
         if config.compile and self.env.device.type == "cuda":
             compile_dense_blocks(model)
         self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
-        self.optimizer = build_optimizer(self.model, config)
+        self.optimizer = build_optimizer(self.model, config, masters)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
         self.sampler = BatchSampler(len(self.train_windows), config.batch_size, config.seed, self.env.rank,
