@@ -70,7 +70,7 @@ def benchmark(config: TrainConfig, vocab_size: int, warmup: int, steps: int, env
     model_config = build_model_config(config, vocab_size)
     torch.manual_seed(config.seed)
     model = MoEDecoder(model_config).to(env.device)
-    masters = prepare_parameters(model, config.precision, env.world_size, config.expert_parallel)
+    masters = prepare_parameters(model, config.precision, env.world_size)
     model = wrap_model(model, config.parallel, env, config.expert_parallel)
     optimizer = build_optimizer(model, config, masters)
     generator = torch.Generator().manual_seed(config.seed + env.rank)

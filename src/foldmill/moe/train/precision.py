@@ -22,14 +22,14 @@ from torch import nn
 from foldmill.moe.model.moe import Experts
 
 
-def prepare_parameters(model: nn.Module, precision: str, processes: int = 1,
-                       expert_parallel: int = 1) -> dict[nn.Parameter, torch.Tensor]:
+def prepare_parameters(model: nn.Module, precision: str, processes: int = 1) -> dict[nn.Parameter, torch.Tensor]:
     """Store `model`'s parameters (in place) as `precision` trains them; returns the float32 masters
-    of the weights stored in bf16 (bf16-mixed in one process), for the optimizer, else {}."""
+    of the weights stored in bf16 (bf16-mixed in one process, where the experts are never split),
+    for the optimizer, else {}."""
     if precision == "bf16":
         model.to(torch.bfloat16)
         return {}
-    if precision == "bf16-mixed" and processes == 1 and expert_parallel == 1:
+    if precision == "bf16-mixed" and processes == 1:
         return experts_in_bf16(model)
     return {}
 

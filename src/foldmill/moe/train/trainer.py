@@ -76,7 +76,7 @@ class Trainer:
         self.model_config = build_model_config(config, meta["vocab_size"], model_overrides)
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
-        masters = prepare_parameters(model, config.precision, self.env.world_size, config.expert_parallel)
+        masters = prepare_parameters(model, config.precision, self.env.world_size)
         # Optimizations in this order: compile the dense blocks, then distribute (DDP / FSDP2).
         if config.compile and self.env.device.type == "cuda":
             compile_dense_blocks(model)
