@@ -1,5 +1,5 @@
 """MoE kernels under Triton's CPU interpreter, reached through the model's own dispatch: the routing
-plan's kernels (plan_routing), the clipping norm's sum of squares (clip_factor), AdamW's update of
+plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax), the clipping norm's sum of squares (clip_factor), AdamW's update of
 a bf16 weight's float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a
 bf16 delta) and the experts' to_compute_dtype (a cast whose gradient runs the upcast kernel). The
 kernels run in a child process (kernel_testing.run_interpreted), where the modules' use_triton
@@ -13,6 +13,7 @@ import torch
 from kernel_testing import HAS_TRITON, relative_error, rms_norm_fp64, run_interpreted, serve_cases
 
 from foldmill.moe.experts.routing import plan_routing
+from foldmill.moe.model.router import top_k_softmax
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
@@ -115,6 +116,40 @@ def test_adamw_kernel_updates_a_bf16_weights_master_as_a_float32_weight(tmp_path
     assert float(((rounded.float() - master).abs() / master.abs()).max()) <= 2.0**-7  # the interpreter truncates
 
 
+def test_top_k_softmax_kernels_match_the_float64_router(tmp_path):
+    """The router's top-k softmax kernels through the router's dispatch, forward and backward: the
+    experts torch picks, the weights, the per-expert sums and the logits' gradient (from the weights
+    and the load-balancing sums) within float32 rounding of float64; several programs with a partial
+    last one, a non-power-of-two expert count with top-3, many experts; ties go to the lower index."""
+    cases = []
+    for name, tokens, experts, top_k in (("8 experts", 300, 8, 2), ("five experts", 130, 5, 3),
+                                         ("many experts", 70, 64, 6)):
+        generator = torch.Generator().manual_seed(tokens)
+        cases.append({"name": name, "kind": "router", "dtype": "torch.float32", "top_k": top_k,
+                      "logits": torch.randn(tokens, experts, generator=generator) * 3,
+                      "grad_weights": torch.randn(tokens, top_k, generator=generator),
+                      "grad_sums": torch.randn(experts, generator=generator)})
+    ties = torch.zeros(3, 8)
+    ties[1, 5:] = 1.0
+    cases.append({"name": "ties", "kind": "router", "dtype": "torch.float32", "top_k": 2, "logits": ties,
+                  "grad_weights": torch.ones(3, 2), "grad_sums": torch.ones(8)})
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
+    for case in cases:
+        out = outputs[case["name"]]
+        assert out["node"] == "TopKSoftmaxBackward", case["name"]
+        if case["name"] == "ties":
+            assert out["experts"].tolist() == [[0, 1], [5, 6], [0, 1]]
+            continue
+        logits = case["logits"].double().requires_grad_()
+        weights, experts, sums = top_k_softmax(logits, case["top_k"])
+        (grad,) = torch.autograd.grad([weights, sums[0]], logits, [case["grad_weights"].double(),
+                                                                   case["grad_sums"].double()])
+        assert out["experts"].dtype == torch.int64 and torch.equal(out["experts"], experts), case["name"]
+        for field, want in (("weights", weights), ("sums", sums), ("grad", grad)):
+            assert out[field].dtype == torch.float32, (case["name"], field)
+            assert relative_error(out[field], want.detach()) < 1e-6, (case["name"], field)
+
+
 def _run_case(case: dict, dtype: torch.dtype) -> dict:
     """Child process (TRITON_INTERPRET=1): one case through the model's dispatch."""
     from foldmill.moe.experts import routing
@@ -151,6 +186,15 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
         return {"kernel": len(calls) == 6, "master": master, "float32 weight": weight.detach(),
                 "bf16 weight": stored.detach(), "master exp_avg_sq": mastered.state[stored]["exp_avg_sq"],
                 "float32 exp_avg_sq": plain.state[weight]["exp_avg_sq"]}
+    if case["kind"] == "router":
+        from foldmill.moe.model import router
+
+        router.use_triton = lambda tensor: True
+        logits = case["logits"].clone().requires_grad_()
+        weights, experts, sums = router.top_k_softmax(logits, case["top_k"])
+        (grad,) = torch.autograd.grad([weights, sums[0]], logits, [case["grad_weights"], case["grad_sums"]])
+        return {"node": type(weights.grad_fn).__name__, "weights": weights.detach(), "experts": experts,
+                "sums": sums.detach(), "grad": grad}
     if case["kind"] == "plan":
         routing.use_triton = lambda tensor: True
         kernel_plans = []

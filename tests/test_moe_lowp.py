@@ -358,6 +358,21 @@ COMPILE_CASES = {
         None,
         (8, 3),
     ),
+    # The router's top-k softmax at 8 experts, top-2 (router._BLOCK_T, _WARPS).
+    "_top_k_softmax_kernel": (
+        "foldmill.moe.kernels.router",
+        {"logits_ptr": "*fp32", "probs_ptr": "*fp32", "weights_ptr": "*fp32", "experts_ptr": "*i64",
+         "partials_ptr": "*fp32"},
+        ("tokens", "num_experts"),
+        {"TOP_K": 2, "K_BLOCK": 2, "E_BLOCK": 8, "BLOCK_T": 64},
+    ),
+    "_top_k_softmax_backward_kernel": (
+        "foldmill.moe.kernels.router",
+        {"probs_ptr": "*fp32", "weights_ptr": "*fp32", "experts_ptr": "*i64", "grad_weights_ptr": "*fp32",
+         "grad_sums_ptr": "*fp32", "grad_logits_ptr": "*fp32"},
+        ("tokens", "num_experts"),
+        {"TOP_K": 2, "K_BLOCK": 2, "E_BLOCK": 8, "BLOCK_T": 64},
+    ),
     "_upcast_kernel": (
         "foldmill.moe.kernels.cast",
         {"src_ptr": "*bf16", "dst_ptr": "*fp32"},

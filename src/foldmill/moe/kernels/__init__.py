@@ -14,6 +14,7 @@ rms_norm.py        residual add + RMSNorm, forward and backward one pass each
 cast.py            cast to the compute dtype whose gradient converts back in a vectorized kernel
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 routing.py         the dropless routing plan (each slot's row in the expert-sorted buffer), two launches
+router.py          the router's top-k softmax: weights, experts and load-balancing sums, one launch each way
 grad_norm.py       float32 sum of squares of many tensors in one launch (the clipping norm)
 """
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foldmill.moe.kernels import use_triton
+
 
 @dataclass
 class Routing:
@@ -26,13 +28,28 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Routing:
         logits = router_logits(x, self.gate.weight)
-        probs = logits.softmax(dim=-1)
-        top_probs, top_experts = probs.topk(self.top_k, dim=-1)
-        weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
-        assignments = torch.zeros_like(probs).scatter_(1, top_experts, 1.0)
-        load = assignments.mean(dim=0) / self.top_k
-        aux_loss = self.num_experts * (load * probs.mean(dim=0)).sum()
-        return Routing(weights, top_experts, aux_loss, load.detach())
+        weights, experts, sums = top_k_softmax(logits, self.top_k)
+        tokens = logits.shape[0]
+        load = sums[1].detach() / (tokens * self.top_k)
+        aux_loss = self.num_experts * (load * (sums[0] / tokens)).sum()
+        return Routing(weights, experts, aux_loss, load)
+
+
+def top_k_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits (tokens, experts) -> the top_k experts of each token by softmax probability, their
+    probabilities renormalized to sum to 1, and sums (2, experts): each expert's summed probability
+    over the tokens and its count of assignments. For float32 logits on CUDA, one Triton kernel each
+    way (moe/kernels/router.py)."""
+    if (use_triton(logits) and logits.dtype == torch.float32 and logits.shape[0] > 0
+            and not torch.compiler.is_compiling()):
+        from foldmill.moe.kernels.router import top_k_softmax_triton
+
+        return top_k_softmax_triton(logits, top_k)
+    probs = logits.softmax(dim=-1)
+    top_probs, experts = probs.topk(top_k, dim=-1)
+    weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    counts = torch.zeros_like(probs).scatter_(1, experts, 1.0).sum(dim=0)
+    return weights, experts, torch.stack([probs.sum(dim=0), counts])
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
