@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_testing import relative_error
 
 from foldmill.moe.config import ModelConfig, TrainConfig
 from foldmill.moe.experts.routing import permute_tokens, plan_routing, unpermute_tokens
@@ -193,6 +194,41 @@ def test_router_gradient_splits_exactly_into_three_bf16_terms():
     assert torch.equal(sum(term.double() for term in terms), values.double())
     assert not torch.equal(terms[0].double(), values.double())  # one or two terms would not do
     assert not torch.equal((terms[0].double() + terms[1].double()), values.double())
+
+
+def _projections_and_gradients(x, weights, grads, autocast):
+    from foldmill.moe.model.projections import project
+
+    x = x.clone().requires_grad_()
+    weights = [weight.clone().requires_grad_() for weight in weights]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        outputs = project(x, weights)
+    torch.autograd.backward(outputs, [grad.to(out.dtype) for grad, out in zip(grads, outputs)])
+    return outputs, x.grad, [weight.grad for weight in weights]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_shared_input_projections_give_separate_linears_and_their_summed_input_gradient(autocast):
+    """Attention's q, k and v projections of one input: the outputs, the input's gradient (summed
+    over the three) and each weight's gradient of the exact float64 formulas, to float32 rounding;
+    under bf16 autocast the outputs are bf16 and the gradients keep the float32 dtypes of the input
+    and the weights, to bf16 rounding of the operands."""
+    torch.manual_seed(8)
+    x = torch.randn(2, 24, 64)
+    weights = [torch.randn(n, 64) * 0.1 for n in (64, 32, 32)]
+    grads = [torch.randn(2, 24, n) for n in (64, 32, 32)]
+    outputs, grad_x, grad_weights = _projections_and_gradients(x, weights, grads, autocast)
+    dtype = torch.bfloat16 if autocast else torch.float32
+    x64, weights64, grads64 = ([t.to(dtype).double() for t in ts] for ts in ([x], weights, grads))
+    x64 = x64[0]
+    tolerance = 1e-2 if autocast else 1e-6
+    for out, weight64 in zip(outputs, weights64, strict=True):
+        assert out.dtype == dtype and relative_error(out.detach(), x64 @ weight64.t()) < tolerance
+    want_x = sum(grad64 @ weight64 for grad64, weight64 in zip(grads64, weights64))
+    assert grad_x.dtype == torch.float32 and relative_error(grad_x, want_x) < tolerance
+    for got, grad64 in zip(grad_weights, grads64, strict=True):
+        want = grad64.reshape(-1, grad64.shape[-1]).t() @ x64.reshape(-1, 64)
+        assert got.dtype == torch.float32 and relative_error(got, want) < tolerance
 
 
 def test_router_decides_in_float32_under_bf16_autocast():

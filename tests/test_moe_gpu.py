@@ -170,6 +170,54 @@ def test_router_logits_on_tensor_cores_keep_float32_accuracy():
         assert bool(((got.double() - want).abs() <= ulp + 2.0**-18 * magnitude).all())
 
 
+def test_top_k_softmax_kernels_match_the_float64_router():
+    """The router's Triton top-k softmax at bio_8x1b's routing shape (8,192 tokens, 8 experts, top-2)
+    and at 64 experts, top-6: torch's experts, and the weights, per-expert sums and the logits'
+    gradient within float32 rounding of float64."""
+    from foldmill.moe.kernels.router import TopKSoftmax
+    from foldmill.moe.model.router import top_k_softmax
+
+    generator = torch.Generator(device=CUDA).manual_seed(7)
+    for tokens, experts, top_k in ((8192, 8, 2), (1000, 64, 6)):
+        logits = (torch.randn(tokens, experts, device=CUDA, generator=generator) * 2).requires_grad_()
+        grad_weights = torch.randn(tokens, top_k, device=CUDA, generator=generator)
+        grad_sums = torch.randn(experts, device=CUDA, generator=generator)
+        weights, chosen, sums = top_k_softmax(logits, top_k)
+        assert weights.grad_fn.name() == TopKSoftmax.__name__ + "Backward"
+        (grad,) = torch.autograd.grad([weights, sums[0]], logits, [grad_weights, grad_sums])
+        logits64 = logits.detach().double().requires_grad_()
+        weights64, chosen64, sums64 = top_k_softmax(logits64, top_k)
+        (grad64,) = torch.autograd.grad([weights64, sums64[0]], logits64, [grad_weights.double(), grad_sums.double()])
+        assert torch.equal(chosen, chosen64)
+        for got, want in ((weights, weights64), (sums, sums64), (grad, grad64)):
+            assert got.dtype == torch.float32 and relative_error(got.detach(), want.detach()) < 1e-6
+
+
+def test_shared_input_projections_sum_the_input_gradient_in_float32_under_autocast():
+    """Attention's q, k and v projections at bio_8x1b's widths under bf16 autocast (the bf16-mixed
+    recipe): bf16 outputs, and the input's gradient (summed inside the GEMMs) and the weights'
+    gradients in float32, within float32 accuracy of the exact sums of the bf16 products (separate
+    bf16 linears round each product to bf16, 2^-9, before converting it)."""
+    from foldmill.moe.model.projections import project
+
+    torch.manual_seed(9)
+    x = torch.randn(4096, 2048, device=CUDA).requires_grad_()
+    weights = [(torch.randn(n, 2048, device=CUDA) * 0.02).requires_grad_() for n in (2048, 1024, 1024)]
+    grads = [torch.randn(4096, n, device=CUDA).bfloat16() for n in (2048, 1024, 1024)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        outputs = project(x, weights)
+    torch.autograd.backward(outputs, grads)
+    x64 = x.detach().bfloat16().double()
+    weights64 = [weight.detach().bfloat16().double() for weight in weights]
+    grads64 = [grad.double() for grad in grads]
+    for out, weight64 in zip(outputs, weights64, strict=True):
+        assert out.dtype == torch.bfloat16 and relative_error(out.detach(), x64 @ weight64.t()) < 2.0**-8
+    want_x = sum(grad64 @ weight64 for grad64, weight64 in zip(grads64, weights64, strict=True))
+    assert x.grad.dtype == torch.float32 and relative_error(x.grad, want_x) < 1e-5
+    for weight, grad64 in zip(weights, grads64, strict=True):
+        assert weight.grad.dtype == torch.float32 and relative_error(weight.grad, grad64.t() @ x64) < 1e-5
+
+
 @pytest.mark.parametrize("cols", [2048, 96])
 def test_fused_add_rms_norm_matches_fp64(cols):
     """h = x + delta as the eager bf16 add gives it, bit for bit; y and the gradients of x (= delta's)

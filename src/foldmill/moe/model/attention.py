@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foldmill.moe.config import ModelConfig
+from foldmill.moe.model.projections import project
 from foldmill.moe.model.rope import apply_rope
 
 IMPLEMENTATIONS = ("auto", "flex", "sdpa")
@@ -100,9 +101,10 @@ class Attention(nn.Module):
                 mask: DocumentMask | None = None) -> torch.Tensor:
         """cos/sin (seq, head_dim), or (batch, seq, head_dim) when positions restart per record."""
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.wk(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.wv(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        q, k, v = project(x, [self.wq.weight, self.wk.weight, self.wv.weight])
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
         # Rotated in the projections' own (batch, seq, heads, dim) layout: contiguous, so the
         # elementwise kernels vectorize; attention then takes (batch, heads, seq, dim) views.
         q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
