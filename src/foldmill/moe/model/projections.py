@@ -35,7 +35,8 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
     if a.is_cuda:  # cuBLAS writes the wider dtype from the float32 accumulator
         if accumulate is None:
             return torch.mm(a, b, out_dtype=out_dtype)
-        return torch.addmm(accumulate, a, b, out_dtype=out_dtype)
+        # In place: out-of-place, torch first copies `accumulate` into a new tensor.
+        return torch.addmm(accumulate, a, b, out_dtype=out_dtype, out=accumulate)
     product = torch.mm(a, b).to(out_dtype)  # the CPU has no mixed-dtype GEMM
     return product if accumulate is None else accumulate.add_(product)
 
