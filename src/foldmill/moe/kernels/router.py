@@ -106,11 +106,9 @@ def _top_k_softmax_backward_kernel(probs_ptr, weights_ptr, experts_ptr, grad_wei
 _BLOCK_T, _WARPS = 64, 4
 
 
-def _launch_shape(logits: torch.Tensor, top_k: int) -> dict:
-    tokens, num_experts = logits.shape
-    return {"grid": (triton.cdiv(tokens, _BLOCK_T),), "tokens": tokens, "num_experts": num_experts,
-            "constants": {"TOP_K": top_k, "K_BLOCK": max(triton.next_power_of_2(top_k), 2),
-                          "E_BLOCK": max(triton.next_power_of_2(num_experts), 2), "BLOCK_T": _BLOCK_T}}
+def _constants(num_experts: int, top_k: int) -> dict:
+    return {"TOP_K": top_k, "K_BLOCK": max(triton.next_power_of_2(top_k), 2),
+            "E_BLOCK": max(triton.next_power_of_2(num_experts), 2), "BLOCK_T": _BLOCK_T}
 
 
 class TopKSoftmax(torch.autograd.Function):
@@ -120,15 +118,15 @@ class TopKSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, top_k: int):
         logits = logits.contiguous()
-        shape = _launch_shape(logits, top_k)
         tokens, num_experts = logits.shape
+        constants = _constants(num_experts, top_k)
+        grid = (triton.cdiv(tokens, _BLOCK_T),)
         probs = torch.empty_like(logits)
         weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
         experts = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
-        partials = torch.empty(shape["grid"][0], 2, shape["constants"]["E_BLOCK"], dtype=torch.float32,
-                               device=logits.device)
-        _top_k_softmax_kernel[shape["grid"]](logits, probs, weights, experts, partials, tokens, num_experts,
-                                             **shape["constants"], num_warps=_WARPS)
+        partials = torch.empty(grid[0], 2, constants["E_BLOCK"], dtype=torch.float32, device=logits.device)
+        _top_k_softmax_kernel[grid](logits, probs, weights, experts, partials, tokens, num_experts, **constants,
+                                    num_warps=_WARPS)
         sums = partials.sum(dim=0)[:, :num_experts].contiguous()
         ctx.top_k = top_k
         ctx.mark_non_differentiable(experts)
@@ -138,16 +136,17 @@ class TopKSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_weights, _grad_experts, grad_sums):
         probs, weights, experts = ctx.saved_tensors
-        shape = _launch_shape(probs, ctx.top_k)
+        tokens, num_experts = probs.shape
         if grad_weights is None:
             grad_weights = torch.zeros_like(weights)
-        grad_prob_sums = torch.zeros(probs.shape[1], dtype=torch.float32, device=probs.device)
-        if grad_sums is not None:
+        if grad_sums is None:
+            grad_prob_sums = torch.zeros(num_experts, dtype=torch.float32, device=probs.device)
+        else:
             grad_prob_sums = grad_sums[0].contiguous()
         grad_logits = torch.empty_like(probs)
-        _top_k_softmax_backward_kernel[shape["grid"]](
-            probs, weights, experts, grad_weights.contiguous(), grad_prob_sums, grad_logits, shape["tokens"],
-            shape["num_experts"], **shape["constants"], num_warps=_WARPS)
+        _top_k_softmax_backward_kernel[(triton.cdiv(tokens, _BLOCK_T),)](
+            probs, weights, experts, grad_weights.contiguous(), grad_prob_sums, grad_logits, tokens, num_experts,
+            **_constants(num_experts, ctx.top_k), num_warps=_WARPS)
         return grad_logits, None
 
 
