@@ -193,6 +193,35 @@ def test_top_k_softmax_kernels_match_the_float64_router():
             assert got.dtype == torch.float32 and relative_error(got.detach(), want.detach()) < 1e-6
 
 
+def test_float32_router_logits_kernels_match_float64():
+    """The float32 router logits' Triton kernels (the bf16-mixed recipe's router) at bio_8x1b's
+    routing shape (8,192 tokens, hidden 2,048, 8 experts) and at the most experts the router sends
+    them (16), through the router's dispatch under bf16 autocast, and at 64 experts called directly
+    (the router keeps cuBLAS there): float32 logits, and the logits, dx and dw within float32
+    rounding of float64; the weight gradient's bits are the same on a second run."""
+    from foldmill.moe.kernels.router_logits import RouterLogits
+    from foldmill.moe.model.router import TRITON_LOGITS_MAX_EXPERTS, router_logits
+
+    generator = torch.Generator(device=CUDA).manual_seed(11)
+    for tokens, hidden, experts in ((8192, 2048, 8), (1000, 2048, TRITON_LOGITS_MAX_EXPERTS), (1000, 2048, 64)):
+        x = torch.randn(tokens, hidden, device=CUDA, generator=generator).requires_grad_()
+        weight = (torch.randn(experts, hidden, device=CUDA, generator=generator) * 0.02).requires_grad_()
+        grad = torch.randn(tokens, experts, device=CUDA, generator=generator)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = router_logits(x, weight)
+        dispatched = logits.grad_fn.name() == RouterLogits.__name__ + "Backward"
+        assert logits.dtype == torch.float32 and dispatched == (experts <= TRITON_LOGITS_MAX_EXPERTS)
+        if not dispatched:
+            logits = RouterLogits.apply(x, weight)
+        grad_x, grad_weight = torch.autograd.grad(logits, [x, weight], grad, retain_graph=True)
+        assert torch.equal(torch.autograd.grad(logits, weight, grad)[0], grad_weight)
+        x64, weight64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+        logits64 = x64 @ weight64.t()
+        grad_x64, grad_weight64 = torch.autograd.grad(logits64, [x64, weight64], grad.double())
+        for got, want in ((logits, logits64), (grad_x, grad_x64), (grad_weight, grad_weight64)):
+            assert got.dtype == torch.float32 and relative_error(got.detach(), want.detach()) < 1e-6
+
+
 def test_shared_input_projections_sum_the_input_gradient_in_float32_under_autocast():
     """Attention's q, k and v projections at bio_8x1b's widths under bf16 autocast (the bf16-mixed
     recipe): bf16 outputs, and the input's gradient (summed inside the GEMMs) and the weights'

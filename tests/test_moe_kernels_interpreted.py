@@ -1,10 +1,12 @@
 """MoE kernels under Triton's CPU interpreter, reached through the model's own dispatch: the routing
-plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax), the clipping norm's sum of squares (clip_factor), AdamW's update of
-a bf16 weight's float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm kernel on a float32 stream taking a
-bf16 delta) and the experts' to_compute_dtype (a cast whose gradient runs the upcast kernel). The
-kernels run in a child process (kernel_testing.run_interpreted), where the modules' use_triton
-answers yes for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the
-interpreter rounds float32 to bf16 its own way, so bf16 outputs are not compared here)."""
+plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax) and float32 logits
+(router_logits), the clipping norm's sum of squares (clip_factor), AdamW's update of a bf16 weight's
+float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm
+kernel on a float32 stream taking a bf16 delta) and the experts' to_compute_dtype (a cast whose
+gradient runs the upcast kernel). The kernels run in a child process (kernel_testing.run_interpreted),
+where the modules' use_triton answers yes for CPU tensors. GPU parity, the bf16 stream included, is
+in test_moe_gpu.py (the interpreter rounds float32 to bf16 its own way, so bf16 outputs are not
+compared here)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from kernel_testing import HAS_TRITON, relative_error, rms_norm_fp64, run_interpreted, serve_cases
 
 from foldmill.moe.experts.routing import plan_routing
-from foldmill.moe.model.router import top_k_softmax
+from foldmill.moe.model.router import TRITON_LOGITS_MAX_EXPERTS, top_k_softmax
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
@@ -150,6 +152,34 @@ def test_top_k_softmax_kernels_match_the_float64_router(tmp_path):
             assert relative_error(out[field], want.detach()) < 1e-6, (case["name"], field)
 
 
+def test_router_logits_kernels_match_float64(tmp_path):
+    """The float32 router logits' kernels through the router's dispatch, forward and backward: the
+    logits and both gradients within float32 rounding of float64; partial token and hidden blocks at
+    8 experts, a non-power-of-two expert count, the most experts the router sends the kernels, and
+    64 experts, which the router leaves to torch (the kernels are called directly)."""
+    cases = []
+    for name, tokens, hidden, experts in (("8 experts", 300, 200, 8), ("five experts", 70, 96, 5),
+                                          ("16 experts", 40, 64, TRITON_LOGITS_MAX_EXPERTS),
+                                          ("many experts", 33, 64, 64)):
+        generator = torch.Generator().manual_seed(tokens)
+        cases.append({"name": name, "kind": "router logits", "dtype": "torch.float32",
+                      "x": torch.randn(tokens, hidden, generator=generator),
+                      "weight": torch.randn(experts, hidden, generator=generator) * 0.02,
+                      "grad": torch.randn(tokens, experts, generator=generator)})
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
+    for case in cases:
+        out = outputs[case["name"]]
+        many = case["weight"].shape[0] > TRITON_LOGITS_MAX_EXPERTS
+        assert (out["node"] == "RouterLogitsBackward") != many, case["name"]
+        x, weight = case["x"].double().requires_grad_(), case["weight"].double().requires_grad_()
+        logits = x @ weight.t()
+        grad_x, grad_weight = torch.autograd.grad(logits, [x, weight], case["grad"].double())
+        for field, want in (("logits", logits), ("dx", grad_x), ("dw", grad_weight)):
+            assert out[field].dtype == torch.float32, (case["name"], field)
+            assert out[field].shape == want.shape, (case["name"], field)
+            assert relative_error(out[field], want.detach()) < 1e-6, (case["name"], field)
+
+
 def _run_case(case: dict, dtype: torch.dtype) -> dict:
     """Child process (TRITON_INTERPRET=1): one case through the model's dispatch."""
     from foldmill.moe.experts import routing
@@ -195,6 +225,18 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
         (grad,) = torch.autograd.grad([weights, sums[0]], logits, [case["grad_weights"], case["grad_sums"]])
         return {"node": type(weights.grad_fn).__name__, "weights": weights.detach(), "experts": experts,
                 "sums": sums.detach(), "grad": grad}
+    if case["kind"] == "router logits":
+        from foldmill.moe.kernels.router_logits import RouterLogits
+        from foldmill.moe.model import router
+
+        router.use_triton = lambda tensor: True
+        x, weight = case["x"].clone().requires_grad_(), case["weight"].clone().requires_grad_()
+        logits = router.router_logits(x, weight)
+        node = type(logits.grad_fn).__name__
+        if node != "RouterLogitsBackward":  # many experts: the kernels called directly
+            logits = RouterLogits.apply(x, weight)
+        grad_x, grad_weight = torch.autograd.grad(logits, [x, weight], case["grad"])
+        return {"node": node, "logits": logits.detach(), "dx": grad_x, "dw": grad_weight}
     if case["kind"] == "plan":
         routing.use_triton = lambda tensor: True
         kernel_plans = []

@@ -373,6 +373,24 @@ COMPILE_CASES = {
         ("tokens", "num_experts"),
         {"TOP_K": 2, "K_BLOCK": 2, "E_BLOCK": 8, "BLOCK_T": 64},
     ),
+    # The float32 router logits at 8 experts and 8,192 tokens (router_logits._forward_constants,
+    # _backward_constants; _WARPS, _BACKWARD_WARPS).
+    "_router_logits_kernel": (
+        "foldmill.moe.kernels.router_logits",
+        {"x_ptr": "*fp32", "w_ptr": "*fp32", "logits_ptr": "*fp32"},
+        ("tokens", "hidden", "num_experts"),
+        {"E_BLOCK": 8, "BLOCK_T": 16, "BLOCK_K": 64, "STAGES": 4},
+        None,
+        (4, 3),
+    ),
+    "_router_logits_backward_kernel": (
+        "foldmill.moe.kernels.router_logits",
+        {"x_ptr": "*fp32", "w_ptr": "*fp32", "grad_ptr": "*fp32", "dx_ptr": "*fp32", "partial_ptr": "*fp32"},
+        ("tokens", "hidden", "num_experts"),
+        {"E_BLOCK": 8, "BLOCK_T": 256, "SUB_T": 8, "BLOCK_K": 64},
+        None,
+        (1, 3),
+    ),
     "_upcast_kernel": (
         "foldmill.moe.kernels.cast",
         {"src_ptr": "*bf16", "dst_ptr": "*fp32"},

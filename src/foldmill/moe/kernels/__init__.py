@@ -15,6 +15,7 @@ cast.py            cast to the compute dtype whose gradient converts back in a v
 permute.py         token permute (rows + routing weights) and unpermute (sum of each token's rows)
 routing.py         the dropless routing plan (each slot's row in the expert-sorted buffer), two launches
 router.py          the router's top-k softmax: weights, experts and load-balancing sums, one launch each way
+router_logits.py   the router's float32 logits x @ w.T and both gradients, FMAs at memory speed, one launch each way
 grad_norm.py       float32 sum of squares of many tensors in one launch (the clipping norm)
 """
 

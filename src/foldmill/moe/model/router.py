@@ -52,15 +52,27 @@ def top_k_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch
     return weights, experts, torch.stack([probs.sum(dim=0), counts])
 
 
+# The most experts whose float32 logits take the Triton kernels: at 32, cuBLAS was faster on an H200.
+TRITON_LOGITS_MAX_EXPERTS = 16
+
+
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """float32 logits x @ weight.T. Routing decisions are made in float32: bf16 logits flip near-ties
     between experts. With bf16 x and weight on CUDA the product runs on tensor cores (each bf16 product
     is exact, the sums are float32) instead of a float32 GEMM on a float32 copy of x, which the
     backward pass would also keep. Autocast (the bf16-mixed recipe) would run the float32 GEMM in
-    bf16, so it is off here."""
+    bf16, so it is off here. With float32 x and weight on CUDA (bf16-mixed) and few experts, Triton
+    kernels read x once each way (moe/kernels/router_logits.py): cuBLAS ran these float32 GEMMs with 8
+    output columns on CUDA cores, reading x at 0.8 to 1.3 TB/s on an H200 that copies at 3.7. With
+    more experts the FMAs bound the work, and cuBLAS is as fast or faster."""
     if x.is_cuda and x.dtype == weight.dtype == torch.bfloat16:
         return _TensorCoreLogits.apply(x, weight)
     with torch.autocast(x.device.type, enabled=False):
+        if (use_triton(x) and x.dtype == weight.dtype == torch.float32 and x.shape[0] > 0
+                and weight.shape[0] <= TRITON_LOGITS_MAX_EXPERTS and not torch.compiler.is_compiling()):
+            from foldmill.moe.kernels.router_logits import router_logits_triton
+
+            return router_logits_triton(x, weight)
         return F.linear(x.float(), weight.float())
 
 
