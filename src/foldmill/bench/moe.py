@@ -208,11 +208,15 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
         shape = f"{experts}x{rows_per_expert} rows, K={k}, N={n}"
         reference = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
 
-        def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1, **extra: object) -> None:
+        def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1,
+                   check: Callable[[], dict] | None = None, **extra: object) -> None:
+            """check: columns computed inside the row's guard (a contender that fails to build gets its error)."""
+
             def measure() -> dict:
+                checked = check() if check is not None else {}
                 ms = cuda_median_ms(fn, repeats)
                 rate = {"tflops": round(passes * flops / ms / 1e9, 1)} if passes else {}
-                return {"ms": round(ms, 3), **rate, **extra}
+                return {"ms": round(ms, 3), **rate, **extra, **checked}
 
             row = {"section": "gemm", "shape": shape, "variant": name}
             _guarded(results, row, measure)
@@ -271,8 +275,9 @@ def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> li
 def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                        ends: torch.Tensor) -> None:
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
-    grouped GEMM for MoE training (quantizes the weights on every call) and cuDNN frontend's MoE
-    grouped matmul (bf16). A library that imports but refuses the shape gets a row with its error."""
+    grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
+    grouped matmul (bf16) and a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper,
+    bf16 forward and dgrad). A library that imports but refuses the shape gets a row with its error."""
     try:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
     except Exception:  # not installed, or built for another torch
@@ -300,6 +305,25 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
         bounds = torch.cat([ends.new_zeros(1), ends]).view(-1, 1, 1)
         record("cuDNN frontend moe_grouped_matmul bf16 fwd",
                lambda: moe_grouped_matmul(x.unsqueeze(0), w.transpose(-2, -1), bounds), "bf16")
+    try:
+        from foldmill.bench._tilelang_grouped_gemm import tilelang_grouped_mm
+    except Exception:
+        tilelang_grouped_mm = None
+    if tilelang_grouped_mm is not None and torch.cuda.get_device_capability() == (9, 0):
+        for direction, rows, transpose_w in (("fwd", x, True), ("dgrad", dy, False)):
+            run = functools.partial(tilelang_grouped_mm(w, ends, transpose_w), rows)
+            record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
+                   check=functools.partial(_error_against_float32, run, rows, w, ends, transpose_w))
+
+
+def _error_against_float32(run: Callable[[], torch.Tensor], rows: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
+                           transpose_w: bool) -> dict:
+    """run()'s error against the float32 grouped product rows @ w[e].T (transpose_w) or rows @ w[e]."""
+    import torch.nn.functional as F
+
+    weights = w.float().transpose(-2, -1) if transpose_w else w.float()
+    want = F.grouped_mm(rows.float(), weights, offs=ends)
+    return {"rel_error_vs_fp32": round(float((run().float() - want).norm() / want.norm()), 5)}
 
 
 # ---------------------------------------------------------------- layer
