@@ -40,8 +40,7 @@ def top_k_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch
     probabilities renormalized to sum to 1, and sums (2, experts): each expert's summed probability
     over the tokens and its count of assignments. For float32 logits on CUDA, one Triton kernel each
     way (moe/kernels/router.py)."""
-    if (use_triton(logits) and logits.dtype == torch.float32 and logits.shape[0] > 0
-            and not torch.compiler.is_compiling()):
+    if _float32_kernels_apply(logits):
         from foldmill.moe.kernels.router import top_k_softmax_triton
 
         return top_k_softmax_triton(logits, top_k)
@@ -50,6 +49,13 @@ def top_k_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch
     weights = top_probs / top_probs.sum(dim=-1, keepdim=True)
     counts = torch.zeros_like(probs).scatter_(1, experts, 1.0).sum(dim=0)
     return weights, experts, torch.stack([probs.sum(dim=0), counts])
+
+
+def _float32_kernels_apply(tokens: torch.Tensor) -> bool:
+    """The router's Triton kernels take float32 (tokens, ...) tensors on CUDA, outside torch.compile
+    (which fuses torch's formulas its own way)."""
+    return (use_triton(tokens) and tokens.dtype == torch.float32 and tokens.shape[0] > 0
+            and not torch.compiler.is_compiling())
 
 
 # The most experts whose float32 logits take the Triton kernels: at 32, cuBLAS was faster on an H200.
@@ -68,8 +74,8 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.is_cuda and x.dtype == weight.dtype == torch.bfloat16:
         return _TensorCoreLogits.apply(x, weight)
     with torch.autocast(x.device.type, enabled=False):
-        if (use_triton(x) and x.dtype == weight.dtype == torch.float32 and x.shape[0] > 0
-                and weight.shape[0] <= TRITON_LOGITS_MAX_EXPERTS and not torch.compiler.is_compiling()):
+        if (_float32_kernels_apply(x) and weight.dtype == torch.float32
+                and weight.shape[0] <= TRITON_LOGITS_MAX_EXPERTS):
             from foldmill.moe.kernels.router_logits import router_logits_triton
 
             return router_logits_triton(x, weight)
