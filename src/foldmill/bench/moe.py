@@ -276,8 +276,9 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
                        ends: torch.Tensor) -> None:
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
     grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
-    grouped matmul (bf16) and a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper,
-    bf16 forward and dgrad). A library that imports but refuses the shape gets a row with its error."""
+    grouped matmul (bf16), a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
+    forward and dgrad) and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
+    A library that imports but refuses the shape gets a row with its error."""
     try:
         from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
     except Exception:  # not installed, or built for another torch
@@ -314,6 +315,12 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
             run = functools.partial(tilelang_grouped_mm(w, ends, transpose_w), rows)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
                    check=functools.partial(_error_against_float32, run, rows, w, ends, transpose_w))
+    try:
+        from foldmill.bench._te_grouped_linear import transformer_engine_rows
+    except Exception:  # not installed, or its extension built for another torch
+        transformer_engine_rows = None
+    if transformer_engine_rows is not None:
+        transformer_engine_rows(record, x, w, dy, ends)
 
 
 def _error_against_float32(run: Callable[[], torch.Tensor], rows: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
