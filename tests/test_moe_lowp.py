@@ -199,6 +199,20 @@ def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
     assert error.endswith("a positive multiple of 256\n") and error.count("\n") == 1
 
 
+def test_bench_skips_contenders_that_do_not_import(tmp_path, monkeypatch):
+    """A contender library that is missing, or installed but failing to import (an extension built for
+    another torch), is skipped instead of ending the bench; one that imports is used."""
+    import math
+
+    from foldmill.bench.moe import _optional
+
+    (tmp_path / "broken_contender.py").write_text("raise OSError('libnccl.so.2: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _optional("broken_contender", "gemm") is None
+    assert _optional("no_such_contender_library", "gemm") is None
+    assert _optional("math", "sqrt") is math.sqrt
+
+
 def test_bench_profile_sorts_kernels_into_categories():
     """Kernel names as the torch profiler reports them on the H200 land in their categories, and
     every Triton kernel of the quantizer modules counts as an 8-bit copy."""

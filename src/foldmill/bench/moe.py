@@ -87,7 +87,7 @@ SPEC_PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8"}
 # A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
 Built = tuple[torch.nn.Module, bool, dict]
-CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "flash_attn")
+CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn")
 
 
 def measure_peaks(repeats: int) -> dict[str, float]:
@@ -277,12 +277,13 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
     grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
     grouped matmul (bf16), a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
-    forward and dgrad) and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
+    forward and dgrad), QuACK's CuTe DSL grouped GEMMs (bench/_quack_grouped_gemm.py, bf16, all three)
+    and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
     A library that imports but refuses the shape gets a row with its error."""
-    try:
-        from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
-    except Exception:  # not installed, or built for another torch
-        _to_fp8_rowwise_then_scaled_grouped_mm = None
+    import torch.nn.functional as F
+
+    _to_fp8_rowwise_then_scaled_grouped_mm = _optional("torchao.prototype.moe_training.fp8_grouped_mm",
+                                                       "_to_fp8_rowwise_then_scaled_grouped_mm")
     if _to_fp8_rowwise_then_scaled_grouped_mm is not None:
         def torchao_forward() -> torch.Tensor:
             with torch.no_grad():
@@ -298,39 +299,43 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
 
         record("torchao fp8 row-wise forward (weights quantized on every call)", torchao_forward, "fp8")
         record("torchao fp8 row-wise forward + backward", torchao_forward_backward, "fp8", passes=3)
-    try:
-        from cudnn.gemm.ops.moe_grouped_matmul import moe_grouped_matmul
-    except Exception:
-        moe_grouped_matmul = None
+    moe_grouped_matmul = _optional("cudnn.gemm.ops.moe_grouped_matmul", "moe_grouped_matmul")
     if moe_grouped_matmul is not None:
         bounds = torch.cat([ends.new_zeros(1), ends]).view(-1, 1, 1)
         record("cuDNN frontend moe_grouped_matmul bf16 fwd",
                lambda: moe_grouped_matmul(x.unsqueeze(0), w.transpose(-2, -1), bounds), "bf16")
-    try:
-        from foldmill.bench._tilelang_grouped_gemm import tilelang_grouped_mm
-    except Exception:
-        tilelang_grouped_mm = None
+    tilelang_grouped_mm = _optional("foldmill.bench._tilelang_grouped_gemm", "tilelang_grouped_mm")
     if tilelang_grouped_mm is not None and torch.cuda.get_device_capability() == (9, 0):
         for direction, rows, transpose_w in (("fwd", x, True), ("dgrad", dy, False)):
             run = functools.partial(tilelang_grouped_mm(w, ends, transpose_w), rows)
+            weights = w.float().transpose(-2, -1) if transpose_w else w.float()
+            want = functools.partial(F.grouped_mm, rows.float(), weights, offs=ends)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
-                   check=functools.partial(_error_against_float32, run, rows, w, ends, transpose_w))
-    try:
-        from foldmill.bench._te_grouped_linear import transformer_engine_rows
-    except Exception:  # not installed, or its extension built for another torch
-        transformer_engine_rows = None
+                   check=functools.partial(_error_against, run, want))
+    quack_cases = _optional("foldmill.bench._quack_grouped_gemm", "quack_cases")
+    if quack_cases is not None and torch.cuda.get_device_capability()[0] >= 9:
+        for direction, run, want in quack_cases(x, w, dy, ends):
+            record(f"QuACK grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
+                   check=functools.partial(_error_against, run, want))
+    transformer_engine_rows = _optional("foldmill.bench._te_grouped_linear", "transformer_engine_rows")
     if transformer_engine_rows is not None:
         transformer_engine_rows(record, x, w, dy, ends)
 
 
-def _error_against_float32(run: Callable[[], torch.Tensor], rows: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
-                           transpose_w: bool) -> dict:
-    """run()'s error against the float32 grouped product rows @ w[e].T (transpose_w) or rows @ w[e]."""
-    import torch.nn.functional as F
+def _optional(module: str, name: str) -> Callable | None:
+    """module.name, or None where the library is missing or does not import (built for another torch)."""
+    import importlib
 
-    weights = w.float().transpose(-2, -1) if transpose_w else w.float()
-    want = F.grouped_mm(rows.float(), weights, offs=ends)
-    return {"rel_error_vs_fp32": round(float((run().float() - want).norm() / want.norm()), 5)}
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # any import failure means the contender cannot run here
+        return None
+
+
+def _error_against(run: Callable[[], torch.Tensor], want: Callable[[], torch.Tensor]) -> dict:
+    """run()'s error against want(), the float32 product it computes."""
+    expected = want()
+    return {"rel_error_vs_fp32": round(float((run().float() - expected).norm() / expected.norm()), 5)}
 
 
 # ---------------------------------------------------------------- layer
