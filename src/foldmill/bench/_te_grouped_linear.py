@@ -14,6 +14,7 @@ reused (`is_first_microbatch`), as foldmill's rows reuse theirs between optimize
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -62,9 +63,13 @@ def transformer_engine_rows(record: Callable[..., None], x: torch.Tensor, w: tor
 
     want = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
     for label, recipe, precision in recipes():
-        if recipe is not None and not _supported(recipe):
+        try:
+            if recipe is not None and not _supported(recipe):
+                continue
+            native = is_module_grouped_tensor_path_supported(recipe, torch.bfloat16)
+        except Exception as error:  # TE cannot tell what this GPU runs: one row with its error
+            record(f"Transformer Engine GroupedLinear {label}", None, precision, check=functools.partial(_raise, error))
             continue
-        native = is_module_grouped_tensor_path_supported(recipe, torch.bfloat16)
         path = "cuBLASLt grouped GEMM" if native else "a cuBLAS GEMM per expert"
         built: dict = {}
         x_leaf = x.detach().requires_grad_()
@@ -87,6 +92,10 @@ def transformer_engine_rows(record: Callable[..., None], x: torch.Tensor, w: tor
             record(f"Transformer Engine GroupedLinear {label} forward + backward ({path})", forward_backward,
                    precision, passes=3)
         built.clear()
+
+
+def _raise(error: Exception) -> dict:
+    raise error
 
 
 def _supported(recipe: te_recipe.Recipe) -> bool:

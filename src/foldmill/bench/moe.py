@@ -184,92 +184,112 @@ GEMM_SHAPES = ((8, 4096, 4096, 14336), (8, 2048, 2048, 8192), (8, 2048, 4096, 20
 
 def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> list[dict]:
     """Each backend's grouped linear layer (forward; backward = dgrad + wgrad; quantization included,
-    weights' 8-bit copies cached as in training) and the library GEMMs alone."""
+    weights' 8-bit copies cached as in training) and the library GEMMs alone, per shape."""
+    results: list[dict] = []
+    for shape_index, shape in enumerate(GEMM_SHAPES):
+        # Each shape's operands are freed (with its function's locals) before the next shape's.
+        results += _bench_gemm_shape(*shape, backends, repeats, peaks, triton_mxfp8=shape_index == 0)
+    return results
+
+
+def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backends: list[str], repeats: int,
+                      peaks: dict[str, float], triton_mxfp8: bool) -> list[dict]:
     import torch.nn.functional as F
 
-    from foldmill.moe.experts import get_backend
-    from foldmill.moe.experts.mxfp8 import mx_grouped_mm, quantize, round_trip
-    from foldmill.moe.quant.fp8 import (
-        quantize_group_columns,
-        quantize_rowwise,
-        quantize_weight_columns,
-        quantize_weight_copies,
-    )
+    from foldmill.moe.experts.mxfp8 import round_trip
+    from foldmill.moe.quant.fp8 import quantize_weight_copies
 
+    device = torch.device("cuda")
+    m = experts * rows_per_expert
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(experts, n, k, device=device, dtype=torch.bfloat16) * 0.02
+    dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    ends = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows_per_expert
+    flops = 2.0 * m * n * k
+    shape = f"{experts}x{rows_per_expert} rows, K={k}, N={n}"
     results: list[dict] = []
-    for shape_index, (experts, rows_per_expert, k, n) in enumerate(GEMM_SHAPES):
-        device = torch.device("cuda")
-        m = experts * rows_per_expert
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        w = torch.randn(experts, n, k, device=device, dtype=torch.bfloat16) * 0.02
-        dy = torch.randn(m, n, device=device, dtype=torch.bfloat16)
-        ends = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * rows_per_expert
-        flops = 2.0 * m * n * k
-        shape = f"{experts}x{rows_per_expert} rows, K={k}, N={n}"
-        reference = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
 
-        def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1,
-                   check: Callable[[], dict] | None = None, **extra: object) -> None:
-            """check: columns computed inside the row's guard (a contender that fails to build gets its error)."""
+    def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1,
+               check: Callable[[], dict] | None = None, **extra: object) -> None:
+        """check: columns computed inside the row's guard (a contender that fails to build gets its error)."""
 
-            def measure() -> dict:
-                checked = check() if check is not None else {}
-                ms = cuda_median_ms(fn, repeats)
-                rate = {"tflops": round(passes * flops / ms / 1e9, 1)} if passes else {}
-                return {"ms": round(ms, 3), **rate, **extra, **checked}
+        def measure() -> dict:
+            checked = check() if check is not None else {}
+            ms = cuda_median_ms(fn, repeats)
+            rate = {"tflops": round(passes * flops / ms / 1e9, 1)} if passes else {}
+            return {"ms": round(ms, 3), **rate, **extra, **checked}
 
-            row = {"section": "gemm", "shape": shape, "variant": name}
-            _guarded(results, row, measure)
-            add_mfu(row, precision, peaks)
+        row = {"section": "gemm", "shape": shape, "variant": name}
+        _guarded(results, row, measure)
+        add_mfu(row, precision, peaks)
 
-        for name in backends:
-            gemm = get_backend(name)
-            out, saved = gemm.forward(x, w, ends)
-            error = float((out.float() - reference).norm() / reference.norm())
-            record(f"foldmill {name} forward", lambda: gemm.forward(x, w, ends), PRECISION[name],
-                   rel_error_vs_fp32=round(error, 5))
-            record(f"foldmill {name} backward (dgrad + wgrad)", lambda: gemm.backward(dy, w, saved, ends),
-                   PRECISION[name], passes=2)
-            del out, saved
-        record("fp8 weight copies, both layouts (once per optimizer step)", lambda: quantize_weight_copies(w), "fp8",
-               passes=0)
-        record("mxfp8 weight copies, both layouts (once per optimizer step)", lambda: round_trip(w, True, True), "fp8",
-               passes=0)
-
-        # The building blocks alone: library GEMMs on ready operands.
-        record("torch grouped_mm bf16 fwd", lambda: F.grouped_mm(x, w.transpose(-2, -1), offs=ends), "bf16")
-        record("torch grouped_mm bf16 dgrad", lambda: F.grouped_mm(dy, w, offs=ends), "bf16")
-        record("torch grouped_mm bf16 wgrad", lambda: F.grouped_mm(dy.t(), x, offs=ends), "bf16")
-        x8, xs = quantize_rowwise(x)
-        w8, ws = quantize_rowwise(w)
-        dy8, dys = quantize_rowwise(dy)
-        wt8, wts = quantize_weight_columns(w)
-        dyt8, dyts = quantize_group_columns(dy, ends)
-        xt8, xts = quantize_group_columns(x, ends)
-        for fast, accumulation in ((False, "promoted"), (True, "fast")):
-            scaled = functools.partial(torch._scaled_grouped_mm, offs=ends, out_dtype=torch.bfloat16,
-                                       use_fast_accum=fast)
-            record(f"torch _scaled_grouped_mm fp8 row-wise fwd, {accumulation} accumulation (GEMM only)",
-                   lambda: scaled(x8, w8.transpose(-2, -1), xs, ws), "fp8")
-            record(f"torch _scaled_grouped_mm fp8 row-wise dgrad, {accumulation} accumulation (GEMM only)",
-                   lambda: scaled(dy8, wt8.transpose(-2, -1), dys, wts), "fp8")
-            record(f"torch _scaled_grouped_mm fp8 per-group wgrad, {accumulation} accumulation (GEMM only)",
-                   lambda: scaled(dyt8, xt8.t(), dyts, xts), "fp8")
-        del x8, w8, dy8, wt8, dyt8, xt8
-        library_contenders(record, x, w, dy, ends)
-        if shape_index == 0:
-            # The Triton MXFP8 GEMMs that apply block scales on Hopper themselves (the sm100 path's kernel).
-            xq, wq = quantize(x), quantize(w)
-            for mode in ("fp8", "bf16"):
-                os.environ["FOLDMILL_MX_MMA"] = mode
-                try:
-                    record(f"triton mxfp8 {mode}-MMA fwd (GEMM only)",
-                           lambda: mx_grouped_mm(xq, wq, ends, torch.bfloat16), "fp8")
-                finally:
-                    os.environ.pop("FOLDMILL_MX_MMA", None)
-            del xq, wq
-        del x, w, dy, reference
+    reference = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
+    for name in backends:
+        _backend_rows(record, name, x, w, dy, ends, reference)
+    del reference
+    record("fp8 weight copies, both layouts (once per optimizer step)", functools.partial(quantize_weight_copies, w),
+           "fp8", passes=0)
+    record("mxfp8 weight copies, both layouts (once per optimizer step)", functools.partial(round_trip, w, True, True),
+           "fp8", passes=0)
+    # The building blocks alone: library GEMMs on ready operands.
+    record("torch grouped_mm bf16 fwd", functools.partial(F.grouped_mm, x, w.transpose(-2, -1), offs=ends), "bf16")
+    record("torch grouped_mm bf16 dgrad", functools.partial(F.grouped_mm, dy, w, offs=ends), "bf16")
+    record("torch grouped_mm bf16 wgrad", functools.partial(F.grouped_mm, dy.t(), x, offs=ends), "bf16")
+    _scaled_grouped_mm_rows(record, x, w, dy, ends)
+    library_contenders(record, x, w, dy, ends)
+    if triton_mxfp8:
+        _triton_mxfp8_rows(record, x, w, ends)
     return results
+
+
+def _backend_rows(record: Callable[..., None], name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
+                  ends: torch.Tensor, reference: torch.Tensor) -> None:
+    """A foldmill backend's forward and backward, as its expert MLP calls them."""
+    from foldmill.moe.experts import get_backend
+
+    gemm = get_backend(name)
+    out, saved = gemm.forward(x, w, ends)
+    error = float((out.float() - reference).norm() / reference.norm())
+    del out
+    record(f"foldmill {name} forward", functools.partial(gemm.forward, x, w, ends), PRECISION[name],
+           rel_error_vs_fp32=round(error, 5))
+    record(f"foldmill {name} backward (dgrad + wgrad)", functools.partial(gemm.backward, dy, w, saved, ends),
+           PRECISION[name], passes=2)
+
+
+def _scaled_grouped_mm_rows(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
+                            ends: torch.Tensor) -> None:
+    """torch's FP8 grouped GEMM on ready operands, with promoted and with fast accumulation."""
+    from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_rowwise, quantize_weight_columns
+
+    x8, xs = quantize_rowwise(x)
+    w8, ws = quantize_rowwise(w)
+    dy8, dys = quantize_rowwise(dy)
+    wt8, wts = quantize_weight_columns(w)
+    dyt8, dyts = quantize_group_columns(dy, ends)
+    xt8, xts = quantize_group_columns(x, ends)
+    for fast, accumulation in ((False, "promoted"), (True, "fast")):
+        scaled = functools.partial(torch._scaled_grouped_mm, offs=ends, out_dtype=torch.bfloat16, use_fast_accum=fast)
+        record(f"torch _scaled_grouped_mm fp8 row-wise fwd, {accumulation} accumulation (GEMM only)",
+               functools.partial(scaled, x8, w8.transpose(-2, -1), xs, ws), "fp8")
+        record(f"torch _scaled_grouped_mm fp8 row-wise dgrad, {accumulation} accumulation (GEMM only)",
+               functools.partial(scaled, dy8, wt8.transpose(-2, -1), dys, wts), "fp8")
+        record(f"torch _scaled_grouped_mm fp8 per-group wgrad, {accumulation} accumulation (GEMM only)",
+               functools.partial(scaled, dyt8, xt8.t(), dyts, xts), "fp8")
+
+
+def _triton_mxfp8_rows(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> None:
+    """The Triton MXFP8 GEMMs that apply block scales on Hopper themselves (the sm100 path's kernel)."""
+    from foldmill.moe.experts.mxfp8 import mx_grouped_mm, quantize
+
+    xq, wq = quantize(x), quantize(w)
+    for mode in ("fp8", "bf16"):
+        os.environ["FOLDMILL_MX_MMA"] = mode
+        try:
+            record(f"triton mxfp8 {mode}-MMA fwd (GEMM only)",
+                   functools.partial(mx_grouped_mm, xq, wq, ends, torch.bfloat16), "fp8")
+        finally:
+            os.environ.pop("FOLDMILL_MX_MMA", None)
 
 
 def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
