@@ -249,10 +249,10 @@ def _backend_rows(record: Callable[..., None], name: str, x: torch.Tensor, w: to
 
     gemm = get_backend(name)
     out, saved = gemm.forward(x, w, ends)
-    error = float((out.float() - reference).norm() / reference.norm())
+    error = _relative_error(out, reference)
     del out
     record(f"foldmill {name} forward", functools.partial(gemm.forward, x, w, ends), PRECISION[name],
-           rel_error_vs_fp32=round(error, 5))
+           rel_error_vs_fp32=error)
     record(f"foldmill {name} backward (dgrad + wgrad)", functools.partial(gemm.backward, dy, w, saved, ends),
            PRECISION[name], passes=2)
 
@@ -339,7 +339,7 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
                    check=functools.partial(_error_against, run, want))
     transformer_engine_rows = _optional("foldmill.bench._te_grouped_linear", "transformer_engine_rows")
     if transformer_engine_rows is not None:
-        transformer_engine_rows(record, x, w, dy, ends)
+        transformer_engine_rows(record, _error_against, x, w, dy, ends)
 
 
 def _optional(module: str, name: str) -> Callable | None:
@@ -353,9 +353,15 @@ def _optional(module: str, name: str) -> Callable | None:
 
 
 def _error_against(run: Callable[[], torch.Tensor], want: Callable[[], torch.Tensor]) -> dict:
-    """run()'s error against want(), the float32 product it computes."""
+    """run()'s error against want(), the float32 product it computes, as the row's column."""
     expected = want()
-    return {"rel_error_vs_fp32": round(float((run().float() - expected).norm() / expected.norm()), 5)}
+    return {"rel_error_vs_fp32": _relative_error(run(), expected)}
+
+
+def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """|value - reference| / |reference| in float32, to 5 decimals."""
+    reference = reference.float()
+    return round(float((value.float() - reference).norm() / reference.norm()), 5)
 
 
 # ---------------------------------------------------------------- layer
@@ -437,8 +443,7 @@ def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak
         for result in results:
             key = result["variant"].replace("HF ", "hf_").replace("foldmill ", "")
             if key in outputs:
-                difference = (outputs[key].float() - reference.float()).norm() / reference.float().norm()
-                result["rel_diff_vs_hf_eager"] = round(float(difference), 5)
+                result["rel_diff_vs_hf_eager"] = _relative_error(outputs[key], reference)
     add_speedups(results)
     return results
 
