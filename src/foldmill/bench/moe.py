@@ -214,7 +214,10 @@ def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backen
         """check: columns computed inside the row's guard (a contender that fails to build gets its error)."""
 
         def measure() -> dict:
-            checked = check() if check is not None else {}
+            checked = {}
+            if check is not None:
+                checked = check()
+                torch.cuda.reset_peak_memory_stats()  # the row's peak is its timed calls', not the check's
             ms = cuda_median_ms(fn, repeats)
             rate = {"tflops": round(passes * flops / ms / 1e9, 1)} if passes else {}
             return {"ms": round(ms, 3), **rate, **extra, **checked}
