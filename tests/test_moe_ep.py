@@ -51,7 +51,7 @@ from foldmill.runtime.ray_slurm import Allocation
 SEQUENCES_PER_RANK, SEQ_LEN = 2, 16
 MAX_NORM = 0.05  # below the gradient norm (~1.3-1.9): clipping is active, so it is checked too
 # (backend, parallel, ep): every backend at EP=2; dp x ep = 2 x 2 and EP=4 with four processes.
-BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
+BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8", "quack")
 CASES_2 = [(backend, parallel, 2) for backend in BACKENDS for parallel in ("ddp", "fsdp")]
 CASES_4 = [("grouped", "fsdp", 2), ("loop", "ddp", 2), ("mxfp8", "ddp", 4), ("fp8_rowwise", "fsdp", 4)]
 # The CLI run: EP=2, 2 sequences per process; resumed with the same 4 sequences per step at EP=1 and EP=4.

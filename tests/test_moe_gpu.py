@@ -7,19 +7,24 @@ with the fp32 reference on forward and all gradients.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_testing import relative_error, rms_norm_fp64
+from test_moe_quant import adversarial
 
 from foldmill.moe.experts.routing import plan_routing
 from foldmill.moe.quant.mx import quantize_mx
 from foldmill.moe.quant.mx_reference import quantize_mx_reference
-from kernel_testing import relative_error, rms_norm_fp64
-from test_moe_quant import adversarial
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
+needs_quack = pytest.mark.skipif(importlib.util.find_spec("quack") is None,
+                                 reason="the quack backend needs QuACK (pip install quack-kernels)")
+QUACK = pytest.param("quack", marks=needs_quack)
 
 
 def test_triton_quantizer_matches_emulation_bit_for_bit():
@@ -140,11 +145,52 @@ def test_gradient_norm_kernel_is_the_float64_norm_and_can_be_captured():
 
 
 @pytest.mark.parametrize(("backend", "tolerance"),
-                         [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1)])
+                         [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1),
+                          pytest.param("quack", 1e-2, marks=needs_quack)])
 def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
     from test_moe_experts import compare_with_reference
 
     compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
+
+
+@needs_quack
+def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose():
+    """The SwiGLU in QuACK's epilogues (h interleaved, w13 read and its gradient written as [gate;
+    up]) gives the expert MLP's output and every gradient; the unchosen expert's one zero row gives
+    it a zero weight gradient."""
+    from foldmill.moe.experts import get_backend
+    from foldmill.moe.experts.mlp import grouped_swiglu_experts
+    from foldmill.moe.experts.routing import permute_tokens
+
+    torch.manual_seed(5)
+    experts, hidden, ffn, tokens = 6, 256, 384, 1000
+    choice = torch.randint(0, experts - 1, (tokens, 1))
+    choice[choice >= 1] += 1  # expert 1 is never chosen
+    backend = get_backend("quack")
+    plan = plan_routing(choice.to(CUDA), experts, backend.pad_multiple, backend.nonempty_groups)
+    ends = plan.group_ends
+    assert int(ends[1] - ends[0]) == 1
+    rows, row_probs = permute_tokens(torch.randn(tokens, hidden, device=CUDA, dtype=torch.bfloat16),
+                                     torch.rand(tokens, 1, device=CUDA), plan)
+    w13 = torch.randn(experts, 2 * ffn, hidden, device=CUDA, dtype=torch.bfloat16) / hidden**0.5
+    w2 = torch.randn(experts, hidden, ffn, device=CUDA, dtype=torch.bfloat16) / ffn**0.5
+    grad_y = torch.randn(rows.shape[0], hidden, device=CUDA, dtype=torch.bfloat16)
+    end = int(ends[-1])
+    grad_y[end:] = 0
+
+    def run(backend_name, device, dtype):
+        leaves = [t.detach().to(device, dtype).requires_grad_() for t in (rows, row_probs, w13, w2)]
+        y = grouped_swiglu_experts(*leaves[:2], *leaves[2:], ends.to(device), get_backend(backend_name))
+        y.backward(grad_y.to(device, dtype))
+        return [y.detach()[:end]] + [leaf.grad for leaf in leaves]
+
+    got = run("quack", CUDA, torch.bfloat16)
+    want = run("loop", torch.device("cpu"), torch.float64)
+    got[1], want[1] = got[1][:end], want[1][:end]
+    got[2], want[2] = got[2][:end], want[2][:end]
+    for name, g, w in zip(("y", "x", "row_probs", "w13", "w2"), got, want):
+        assert relative_error(g.double().cpu(), w) < 1e-2, name
+    assert not got[3][1].any() and not got[4][1].any()
 
 
 def test_router_logits_on_tensor_cores_keep_float32_accuracy():
@@ -359,7 +405,7 @@ def test_fp8_accumulation_setting_reaches_the_kernel_and_stays_within_tolerance(
     assert len(seen) == 6 and set(seen) == {fast}  # forward, dgrad, wgrad of both expert GEMMs
 
 
-@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8", QUACK])
 def test_recomputed_expert_hidden_gives_the_same_gradients_on_gpu(backend):
     from test_moe_experts import gradients_with_and_without_recompute
 
@@ -617,7 +663,7 @@ def test_rope_kernel_matches_eager_rotation_and_its_gradient(per_record):
     assert float((got_bf16 - want.detach()).abs().max()) <= float(want.detach().abs().max()) * 2**-7
 
 
-@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8", QUACK])
 @pytest.mark.parametrize("masked", [False, True])
 def test_captured_steps_train_as_eager_steps(backend, masked):
     """moe.cuda_graphs: replayed forward + backward steps give the eager run's losses and weights,

@@ -4,7 +4,7 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   gemm   one grouped linear layer per backend (forward; backward = dgrad + wgrad, quantization
          included), 8-bit weight copies, and the library GEMMs alone (contenders)
   layer  MoE layer forward + backward: HF MixtralSparseMoeBlock (eager, grouped_mm) vs foldmill
-         MoEBlock (grouped, fp8_rowwise, mxfp8), same weights
+         MoEBlock (grouped, fp8_rowwise, mxfp8, and quack where QuACK is installed), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
          (bf16 weights; the bf16-mixed rows as moe.precision's default trains); captured steps again
          with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
@@ -57,7 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="model config whose layer shape the wide step rows take, with the step model's "
                              "vocabulary: captured steps, HF grouped_mm, at both token counts ('' skips)")
     parser.add_argument("--wide-step-layers", type=int, default=4, help="layers of the wide step rows' model")
-    parser.add_argument("--backends", default="grouped,fp8_rowwise,mxfp8")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated expert backends (default: grouped,fp8_rowwise,mxfp8, and quack where "
+                             "QuACK is installed)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.set_defaults(handler=run)
 
@@ -84,7 +86,7 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
 # Dense tensor-core peaks of an H100/H200 SXM by NVIDIA's datasheet (no sparsity), TFLOP/s.
 SPEC_PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 # The precision whose tensor-core peak each row is held against (MXFP8 and FP8 are both 8-bit).
-PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8"}
+PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8", "quack": "bf16"}
 # A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
 Built = tuple[torch.nn.Module, bool, dict]
 CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn")
@@ -137,7 +139,7 @@ def available_contenders() -> dict[str, str]:
 # (moe/kernels/fp8_quant.py, mx_quant.py; a test keeps this list complete).
 KERNEL_CATEGORIES = (
     ("grouped expert GEMMs", ("GroupProblemShape", "prepare_grouped_gemm_data", "_grouped_forward_kernel",
-                              "_grouped_wgrad_kernel")),
+                              "_grouped_wgrad_kernel", "quack")),
     ("8-bit copies", ("_rowwise_kernel", "_tile_maxima_kernel", "_scales_kernel",
                       "_cast_kernel", "_quantize_kernel", "_dual_kernel", "_dequantize_rows_kernel")),
     ("SwiGLU", ("_swiglu_",)),
@@ -300,8 +302,8 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
     grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
     grouped matmul (bf16), a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
-    forward and dgrad), QuACK's CuTe DSL grouped GEMMs (bench/_quack_grouped_gemm.py, bf16, all three)
-    and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
+    forward and dgrad) and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
+    QuACK's CuTe DSL GEMMs are measured as the `quack` backend.
     A library that imports but refuses the shape gets a row with its error."""
     import torch.nn.functional as F
 
@@ -334,11 +336,6 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
             weights = w.float().transpose(-2, -1) if transpose_w else w.float()
             want = functools.partial(F.grouped_mm, rows.float(), weights, offs=ends)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
-                   check=functools.partial(_error_against, run, want))
-    quack_cases = _optional("foldmill.bench._quack_grouped_gemm", "quack_cases")
-    if quack_cases is not None and torch.cuda.get_device_capability()[0] >= 9:
-        for direction, run, want in quack_cases(x, w, dy, ends):
-            record(f"QuACK grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
                    check=functools.partial(_error_against, run, want))
     transformer_engine_rows = _optional("foldmill.bench._te_grouped_linear", "transformer_engine_rows")
     if transformer_engine_rows is not None:
@@ -697,6 +694,13 @@ def parse_sections(text: str) -> set[str]:
     return sections
 
 
+def default_backends() -> list[str]:
+    """grouped, fp8_rowwise, mxfp8, and quack where its library is installed."""
+    import importlib.util
+
+    return ["grouped", "fp8_rowwise", "mxfp8"] + (["quack"] if importlib.util.find_spec("quack") else [])
+
+
 def run(args: argparse.Namespace) -> int:
     sections = parse_sections(args.sections)
     for name in filter(None, (*args.layer_shapes.split(","), args.step_model, args.wide_step_model)):
@@ -708,7 +712,7 @@ def run(args: argparse.Namespace) -> int:
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    backends = [b for b in args.backends.split(",") if b]
+    backends = default_backends() if args.backends is None else [b for b in args.backends.split(",") if b]
     rows: list[dict] = []
     device_name = torch.cuda.get_device_name()
     peaks = measure_peaks(args.repeats)

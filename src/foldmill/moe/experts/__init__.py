@@ -1,7 +1,8 @@
 """Expert backends: every backend computes the same SwiGLU expert MLP over tokens grouped by expert.
 
 A backend is an `ExpertGemm` (how one grouped linear layer runs forward, dgrad and wgrad);
-`experts.mlp.grouped_swiglu_experts` chains two of them around the fused SwiGLU.
+`experts.mlp.grouped_swiglu_experts` chains two of them around the fused SwiGLU, or hands the whole
+MLP to a backend whose kernels fuse the SwiGLU into the GEMMs (`quack`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from foldmill.errors import FoldmillError
 from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
 
-BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8")
+BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8", "quack")
 
 
 def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation) -> ExpertGemm:
@@ -28,4 +29,8 @@ def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_ac
         from foldmill.moe.experts.mxfp8 import MXFP8Gemm
 
         return MXFP8Gemm()
+    if name == "quack":
+        from foldmill.moe.experts.quack_fused import QuackGemm
+
+        return QuackGemm()
     raise FoldmillError(f"unknown expert backend {name!r}; choose one of {', '.join(BACKENDS)}")

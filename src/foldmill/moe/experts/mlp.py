@@ -51,5 +51,9 @@ def grouped_swiglu_experts(
 
     x (rows, H) sorted by expert; w13 (experts, 2F, H) = [gate; up]; w2 (experts, H, F).
     `recompute`: keep x rather than the first GEMM's output for the backward (see the module doc).
+    A backend with `swiglu_experts` runs the whole MLP itself (its GEMMs compute the SwiGLU).
     """
+    fused = getattr(gemm, "swiglu_experts", None)
+    if fused is not None:
+        return fused(x, row_probs, w13, w2, ends, recompute)
     return GroupedSwiGLUExperts.apply(x, row_probs, w13, w2, ends, gemm, recompute)

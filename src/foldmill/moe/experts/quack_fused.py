@@ -1,0 +1,193 @@
+"""`quack` backend: bf16 grouped GEMMs from QuACK with the SwiGLU inside their epilogues.
+
+QuACK (`pip install quack-kernels`, Tri Dao's lab) writes its GEMMs in CUTLASS's CuTe DSL: on
+Hopper, persistent warp-specialised kernels that run every expert's GEMM in one launch given the
+experts' row offsets. Its epilogues compute on the accumulator before the store, which removes
+the SwiGLU's own passes over memory:
+
+forward:  h, a = GEMM(x, w13) with a = silu(gate) * up * p in the epilogue;  y = GEMM(a, w2)
+backward: grad_h, p * a, grad_p = GEMM(dy, w2) with SwiGLU', the routing weight and the
+          sum over F in the epilogue;  dw2 = GEMM(dy^T, p * a);  dx, dw13 = GEMM'(grad_h, w13, x)
+
+so h is never read back by a separate kernel, the gradient of a is never written, and a is not
+kept for the backward (its epilogue recomputes p * a from h). The SwiGLU math is QuACK's, in
+float32 on the accumulator; foldmill's Triton SwiGLU is the reference it is tested against.
+
+The epilogue works on adjacent column pairs: h and grad_h hold gate and up interleaved
+(g0, u0, g1, u1, ...). w13 and its gradient stay [gate; up] (the checkpoint layout): QuACK's
+concat layout reads and writes them that way.
+
+Where QuACK cannot run (no CUDA: CPU tests) the same calls run in torch (`TorchCalls`), with h in
+[gate | up] layout; the autograd function is the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from foldmill.errors import FoldmillError
+from foldmill.moe.experts.swiglu import UnfusedSwiGLU, swiglu_backward, swiglu_forward
+
+
+class TorchCalls:
+    """The backend's GEMMs as torch's grouped_mm, and the SwiGLU as foldmill's kernels."""
+
+    @staticmethod
+    def linear(x, w, offsets):
+        return F.grouped_mm(x, w.transpose(-2, -1), offs=offsets[1:])
+
+    @staticmethod
+    def dgrad(dy, w, offsets):
+        return F.grouped_mm(dy, w, offs=offsets[1:])
+
+    @staticmethod
+    def wgrad(dy, x, offsets):
+        return F.grouped_mm(dy.t(), x, offs=offsets[1:])
+
+    @classmethod
+    def gated(cls, x, w13, row_probs, offsets):
+        h = cls.linear(x, w13, offsets)
+        return h, swiglu_forward(h, row_probs)
+
+    @classmethod
+    def dgated(cls, dy, w2, h, row_probs, offsets):
+        grad_h, grad_probs = swiglu_backward(h, row_probs, cls.dgrad(dy, w2, offsets))
+        return grad_h, swiglu_forward(h, row_probs), grad_probs
+
+    gated_dgrad = dgrad
+    gated_wgrad = wgrad
+
+
+class QuackCalls:
+    """The same calls through QuACK, h and grad_h interleaved. Default tile configurations
+    (`tuned=False`): QuACK's autotuner compiles every candidate, minutes per shape."""
+
+    @staticmethod
+    def linear(x, w, offsets):
+        from quack.gemm_interface import gemm
+
+        return gemm(x, w.mT, cu_seqlens_m=offsets, tuned=False)
+
+    @staticmethod
+    def dgrad(dy, w, offsets):
+        from quack.gemm_interface import gemm
+
+        return gemm(dy, w, cu_seqlens_m=offsets, tuned=False)
+
+    @staticmethod
+    def wgrad(dy, x, offsets):
+        from quack.gemm_interface import gemm
+
+        return gemm(dy.T, x, cu_seqlens_k=offsets, tuned=False)
+
+    @staticmethod
+    def gated(x, w13, row_probs, offsets):
+        out = _scaled_swiglu_epilogue()(x, w13.mT, row_probs=row_probs, cu_seqlens_m=offsets,
+                                        concat_layout=("B",), tuned=False)
+        return out["D"], out["postact"]
+
+    @staticmethod
+    def dgated(dy, w2, h, row_probs, offsets):
+        from quack.gemm_interface import gemm_dgated
+
+        return gemm_dgated(dy, w2, h, activation="swiglu", colvec_scale=row_probs, colvec_reduce=True,
+                           cu_seqlens_m=offsets, tuned=False)
+
+    @staticmethod
+    def gated_dgrad(grad_h, w13, offsets):
+        from quack.gemm_interface import gemm
+
+        return gemm(grad_h, w13, cu_seqlens_m=offsets, concat_layout=("B",), tuned=False)
+
+    @staticmethod
+    def gated_wgrad(grad_h, x, offsets):
+        from quack.gemm_interface import gemm
+
+        return gemm(grad_h.T, x, cu_seqlens_k=offsets, concat_layout=("out",), tuned=False)
+
+
+@functools.cache
+def _scaled_swiglu_epilogue():
+    """The first GEMM's epilogue: store the accumulator as h and a = silu(gate) * up * p."""
+    from quack.activation import gate_fn_map
+    from quack.epilogue import gemm_epilogue, pack, unpack
+    from quack.epilogue.ops import ColVecLoad
+
+    swiglu = gate_fn_map["swiglu"]
+
+    def scaled_swiglu(acc, row_probs):
+        gate, up = unpack(acc)
+        return {"D": pack(gate, up), "postact": swiglu(gate, up) * row_probs}
+
+    return gemm_epilogue(outputs=("postact",), ops={"row_probs": ColVecLoad("row_probs")},
+                         mode="acc_pair")(scaled_swiglu)
+
+
+def calls_for(tensor: torch.Tensor) -> type[TorchCalls | QuackCalls]:
+    """QuACK on CUDA, torch elsewhere."""
+    if not tensor.is_cuda:
+        return TorchCalls
+    if not _quack_installed():
+        raise FoldmillError("expert backend quack needs QuACK on CUDA: pip install quack-kernels")
+    return QuackCalls
+
+
+@functools.cache
+def _quack_installed() -> bool:
+    return importlib.util.find_spec("quack") is not None
+
+
+def row_offsets(ends: torch.Tensor) -> torch.Tensor:
+    """[0, ends...] as int32: QuACK's cu_seqlens."""
+    return F.pad(ends.to(torch.int32), (1, 0))
+
+
+class FusedSwiGLUExperts(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, row_probs, w13, w2, ends, recompute: bool):
+        calls, offsets = calls_for(x), row_offsets(ends)
+        ctx.recompute, ctx.probs_dtype = recompute, row_probs.dtype
+        row_probs = row_probs.float().contiguous()
+        h, a = calls.gated(x, w13, row_probs, offsets)
+        y = calls.linear(a, w2, offsets)
+        ctx.save_for_backward(x, row_probs, w13, w2, offsets, None if recompute else h)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, row_probs, w13, w2, offsets, h = ctx.saved_tensors
+        calls, grad_y = calls_for(x), grad_y.contiguous()
+        if ctx.recompute:  # the forward's own kernel again, so h is bit for bit the forward's
+            h, _ = calls.gated(x, w13, row_probs, offsets)
+        grad_h, scaled_a, grad_probs = calls.dgated(grad_y, w2, h, row_probs, offsets)
+        grad_w2 = calls.wgrad(grad_y, scaled_a, offsets)
+        grad_x = calls.gated_dgrad(grad_h, w13, offsets)
+        grad_w13 = calls.gated_wgrad(grad_h, x, offsets)
+        return grad_x, grad_probs.to(ctx.probs_dtype), grad_w13, grad_w2, None, None
+
+
+class QuackGemm(UnfusedSwiGLU):
+    """One grouped linear layer through QuACK's GEMMs (`ExpertGemm`), and the expert MLP with the
+    SwiGLU fused into them (`swiglu_experts`), which is what the model runs."""
+
+    name = "quack"
+    pad_multiple = 1
+    # An expert no token chose gets one zero row, so that its weight gradient is a GEMM's output
+    # (zeros) whatever QuACK does with an empty group of the contraction.
+    nonempty_groups = True
+
+    def forward(self, x, w, ends):
+        return calls_for(x).linear(x, w, row_offsets(ends)), x
+
+    def backward(self, dy, w, saved, ends):
+        calls, offsets = calls_for(dy), row_offsets(ends)
+        return calls.dgrad(dy, w, offsets), calls.wgrad(dy, saved, offsets)
+
+    @staticmethod
+    def swiglu_experts(x, row_probs, w13, w2, ends, recompute: bool) -> torch.Tensor:
+        """experts.mlp.grouped_swiglu_experts, run by this backend's fused kernels."""
+        return FusedSwiGLUExperts.apply(x, row_probs, w13, w2, ends, recompute)
