@@ -102,7 +102,7 @@ def test_fused_swiglu_and_permute_match_torch():
 
 @pytest.mark.parametrize(("tokens", "top_k", "experts", "pad", "nonempty"),
                          [(8192, 2, 8, 16, True), (8192, 2, 8, 32, False), (32768, 2, 8, 16, True),
-                          (8192, 2, 64, 1, False), (4096, 8, 128, 16, False)])
+                          (8192, 2, 64, 1, False), (4096, 8, 128, 16, False), (8192, 2, 8, 1, True)])
 def test_routing_plan_kernels_give_the_torch_plan_at_step_sizes(tokens, top_k, experts, pad, nonempty):
     """The step's slot counts (and many experts: 128 falls back to torch) give the torch plan's
     integers; skewed routing leaves experts empty and groups of very different sizes."""

@@ -65,14 +65,15 @@ def test_cast_for_compute_runs_the_upcast_kernel_and_keeps_the_gradient_bits(tmp
 def test_routing_plan_kernels_give_the_torch_plan(tmp_path):
     """Every buffer row, group end and count of the Triton plan equals the torch plan's (a stable
     sort by expert): several chunks, experts no slot chose, a non-power-of-two expert count, empty
-    groups kept at one block, no padding, and many experts (small chunks)."""
+    groups kept at one block (of 32 rows, and of one row as the quack backend plans), no padding, and
+    many experts (small chunks)."""
     shapes = [("chunks", 1500, 2, 8, 16, False), ("unused experts", 300, 2, 8, 32, True),
               ("five experts", 700, 3, 5, 16, False), ("no padding", 900, 2, 8, 1, False),
-              ("many experts", 260, 6, 64, 16, False)]
+              ("many experts", 260, 6, 64, 16, False), ("unused experts, one row each", 300, 2, 8, 1, True)]
     cases = []
     for name, tokens, top_k, experts, pad, nonempty in shapes:
         generator = torch.Generator().manual_seed(tokens)
-        chosen = experts - 2 if name == "unused experts" else experts
+        chosen = experts - 2 if name.startswith("unused experts") else experts
         cases.append({"name": name, "kind": "plan", "dtype": "torch.float32", "experts": experts, "pad": pad,
                       "nonempty": nonempty, "index": torch.randint(0, chosen, (tokens, top_k), generator=generator)})
     outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
