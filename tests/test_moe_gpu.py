@@ -7,8 +7,6 @@ with the fp32 reference on forward and all gradients.
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
@@ -16,13 +14,14 @@ import torch.nn.functional as F
 from kernel_testing import relative_error, rms_norm_fp64
 from test_moe_quant import adversarial
 
+from foldmill.moe.experts.quack_fused import quack_installed
 from foldmill.moe.experts.routing import plan_routing
 from foldmill.moe.quant.mx import quantize_mx
 from foldmill.moe.quant.mx_reference import quantize_mx_reference
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
-needs_quack = pytest.mark.skipif(importlib.util.find_spec("quack") is None,
+needs_quack = pytest.mark.skipif(not quack_installed(),
                                  reason="the quack backend needs QuACK (pip install quack-kernels)")
 QUACK = pytest.param("quack", marks=needs_quack)
 

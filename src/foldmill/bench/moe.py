@@ -696,9 +696,9 @@ def parse_sections(text: str) -> set[str]:
 
 def default_backends() -> list[str]:
     """grouped, fp8_rowwise, mxfp8, and quack where its library is installed."""
-    import importlib.util
+    from foldmill.moe.experts.quack_fused import quack_installed
 
-    return ["grouped", "fp8_rowwise", "mxfp8"] + (["quack"] if importlib.util.find_spec("quack") else [])
+    return ["grouped", "fp8_rowwise", "mxfp8"] + (["quack"] if quack_installed() else [])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -131,13 +131,14 @@ def calls_for(tensor: torch.Tensor) -> type[TorchCalls | QuackCalls]:
     """QuACK on CUDA, torch elsewhere."""
     if not tensor.is_cuda:
         return TorchCalls
-    if not _quack_installed():
+    if not quack_installed():
         raise FoldmillError("expert backend quack needs QuACK on CUDA: pip install quack-kernels")
     return QuackCalls
 
 
 @functools.cache
-def _quack_installed() -> bool:
+def quack_installed() -> bool:
+    """Whether QuACK (quack-kernels) is installed, without importing it."""
     return importlib.util.find_spec("quack") is not None
 
 
