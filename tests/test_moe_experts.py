@@ -283,3 +283,15 @@ def test_8bit_experts_under_autocast_quantize_each_cast_once_and_keep_nothing(ba
         per_pass = per_pass or len(made)
         assert per_pass > 0 and len(made) == per_pass * (step + 1)  # no copy made twice within a pass
         assert len(block.experts.backend.weights) == 0
+
+
+def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse():
+    """QuACK keys CUTLASS's DSL by name only under a site-packages folder; installed elsewhere it
+    raises a TypeError deep inside its own epilogues, so foldmill says so first, in one line."""
+    from foldmill.moe.experts.quack_fused import cutlass_location_problem
+
+    for origin in (None, "/opt/conda/lib/python3.12/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/__init__.py",
+                   "/usr/lib/python3/dist-packages/cutlass/__init__.py"):
+        assert cutlass_location_problem(origin) is None
+    problem = cutlass_location_problem("/tmp/site/nvidia_cutlass_dsl/dsl_packages/cutlass/__init__.py")
+    assert "/tmp/site/nvidia_cutlass_dsl" in problem and "--target" in problem and "\n" not in problem

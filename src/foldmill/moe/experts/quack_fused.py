@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -133,7 +134,29 @@ def calls_for(tensor: torch.Tensor) -> type[TorchCalls | QuackCalls]:
         return TorchCalls
     if not quack_installed():
         raise FoldmillError("expert backend quack needs QuACK on CUDA: pip install quack-kernels")
+    problem = cutlass_location_problem(_cutlass_origin())
+    if problem:
+        raise FoldmillError(problem)
     return QuackCalls
+
+
+def cutlass_location_problem(origin: str | None) -> str | None:
+    """Why QuACK would refuse its epilogues with CUTLASS's DSL installed at `origin`, or None.
+
+    QuACK keys each compiled epilogue on the code the epilogue calls, and keys CUTLASS's DSL by
+    name only when it is installed under a site-packages or dist-packages folder; installed
+    elsewhere (pip --target onto PYTHONPATH) QuACK raises a TypeError on its own SwiGLU epilogues.
+    """
+    if origin is None or any(f"{os.sep}{folder}{os.sep}" in origin for folder in ("site-packages", "dist-packages")):
+        return None
+    return (f"expert backend quack: QuACK compiles its epilogues only with CUTLASS's DSL installed under a "
+            f"site-packages folder, and it is at {origin}: pip install it into the environment, not with --target")
+
+
+@functools.cache
+def _cutlass_origin() -> str | None:
+    spec = importlib.util.find_spec("cutlass")
+    return spec.origin if spec else None
 
 
 @functools.cache
