@@ -175,16 +175,22 @@ def test_bench_moe_kernel_cases_run_and_count_their_bytes():
     assert kernel_shape("tiny", config, tokens) == f"tiny: {rows} expert rows, hidden {hidden}, FFN {ffn}"
 
 
-def test_bench_moe_refuses_unknown_sections_in_one_line(capsys):
-    """A misspelt --sections name or model config, or a token count the kernels section cannot split,
-    stops the bench before any GPU work in one line, naming what is valid."""
+def test_bench_moe_refuses_unknown_sections_in_one_line(capsys, monkeypatch):
+    """A misspelt --sections name or model config, a token count the kernels section cannot split,
+    or the quack-tiles section without QuACK stops the bench before any GPU work in one line,
+    naming what is valid."""
+    from foldmill.bench import moe
     from foldmill.bench._standalone import main
     from foldmill.bench.moe import parse_sections, register
 
     assert parse_sections("gemm,profile,kernels") == {"gemm", "profile", "kernels"}
     assert main(register, ["--sections", "step,profle"]) == 2
     error = capsys.readouterr().err
-    assert error == "error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile, kernels\n"
+    assert error == ("error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, profile, "
+                     "kernels, quack-tiles\n")
+    monkeypatch.setattr(moe, "quack_installed", lambda: False)
+    assert main(register, ["--sections", "step,quack-tiles"]) == 2
+    assert capsys.readouterr().err == "error: --sections quack-tiles needs QuACK: pip install quack-kernels\n"
     assert main(register, ["--sections", ","]) == 2
     assert "no section named; choose from" in capsys.readouterr().err
     assert main(register, ["--wide-step-model", "mixtral_8x7b"]) == 2

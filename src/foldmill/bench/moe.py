@@ -13,6 +13,9 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
          copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
          with the bytes they move per second (bench/_moe_kernels.py)
+  quack-tiles  (not in the defaults; needs QuACK) the quack backend's two epilogue GEMMs under each
+         tile configuration QuACK's autotuner tries, at the step model's expert shape, beside the
+         grouped backend's GEMM + SwiGLU kernel, in CUDA graphs (bench/_quack_tiles.py)
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
 (989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
 8192^3 GEMM rate of the row's precision measured at the start of the run.
@@ -37,6 +40,7 @@ from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kerne
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
+from foldmill.moe.experts.quack_fused import quack_installed
 from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
 
 
@@ -45,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
     parser.add_argument("--sections", default="gemm,layer,step",
                         help="comma-separated: gemm, layer, step, profile (kernel time by category per step), "
-                             "kernels (SwiGLU and 8-bit copy kernels alone)")
+                             "kernels (SwiGLU and 8-bit copy kernels alone), quack-tiles (tile configurations of "
+                             "the quack backend's epilogue GEMMs)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per layer call / per training step")
     parser.add_argument("--step-model", default="bio_8x1b", help="model config for the full training step")
@@ -647,14 +652,30 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
 def bench_kernels(name: str, tokens: int) -> list[dict]:
     """Each kernel of _moe_kernels.kernel_cases, timed in a CUDA graph, with the rate of bytes it moves."""
     config = model_config(name)
-    shape = kernel_shape(name, config, tokens)
+    return _graphed_rows("kernels", kernel_shape(name, config, tokens), kernel_cases(config, tokens),
+                         lambda case, ms: {"gb_per_s": round(case.bytes_moved / ms / 1e6, 1)})
+
+
+def bench_quack_tiles(name: str, tokens: int) -> list[dict]:
+    """Each case of _quack_tiles.tile_cases, timed in a CUDA graph (as the captured step runs it)."""
+    from foldmill.bench._quack_tiles import tile_cases
+
+    config = model_config(name)
+    shape = (f"{name} experts: {tokens * config.top_k} rows over {config.num_experts}, hidden {config.hidden_size}, "
+             f"ffn {config.ffn_size}")
+    return _graphed_rows("quack-tiles", shape, tile_cases(config, tokens),
+                         lambda case, ms: {"tflops": round(case.flops / ms / 1e9, 1)})
+
+
+def _graphed_rows(section: str, shape: str, cases: list, rate: Callable[[object, float], dict]) -> list[dict]:
+    """One row per case (`variant`, `run`): milliseconds per call in a CUDA graph, and rate(case, ms)."""
     results: list[dict] = []
-    for case in kernel_cases(config, tokens):
+    for case in cases:
         def measure(case=case) -> dict:
             ms = cuda_graph_median_ms(case.run)
-            return {"ms": round(ms, 4), "gb_per_s": round(case.bytes_moved / ms / 1e6, 1)}
+            return {"ms": round(ms, 4), **rate(case, ms)}
 
-        _guarded(results, {"section": "kernels", "shape": shape, "variant": case.variant}, measure)
+        _guarded(results, {"section": section, "shape": shape, "variant": case.variant}, measure)
     return results
 
 
@@ -681,7 +702,7 @@ def report_header(device_name: str, peaks: dict[str, float], contenders: dict[st
             f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
-SECTIONS = ("gemm", "layer", "step", "profile", "kernels")
+SECTIONS = ("gemm", "layer", "step", "profile", "kernels", "quack-tiles")
 
 
 def parse_sections(text: str) -> set[str]:
@@ -696,8 +717,6 @@ def parse_sections(text: str) -> set[str]:
 
 def default_backends() -> list[str]:
     """grouped, fp8_rowwise, mxfp8, and quack where its library is installed."""
-    from foldmill.moe.experts.quack_fused import quack_installed
-
     return ["grouped", "fp8_rowwise", "mxfp8"] + (["quack"] if quack_installed() else [])
 
 
@@ -708,6 +727,8 @@ def run(args: argparse.Namespace) -> int:
     if "kernels" in sections:
         for name in filter(None, (args.step_model, args.wide_step_model)):
             check_kernel_tokens(name, model_config(name), args.tokens)
+    if "quack-tiles" in sections and not quack_installed():
+        raise FoldmillError("--sections quack-tiles needs QuACK: pip install quack-kernels")
     if not torch.cuda.is_available():
         raise FoldmillError("foldmill bench moe needs a CUDA GPU")
     out = Path(args.out)
@@ -754,6 +775,9 @@ def run(args: argparse.Namespace) -> int:
         for name in filter(None, (args.step_model, args.wide_step_model)):
             rows += bench_kernels(name, args.tokens)
             save()
+    if "quack-tiles" in sections:
+        rows += bench_quack_tiles(args.step_model, args.tokens)
+        save()
     print(markdown_table(rows))
     return 0
 

@@ -64,8 +64,8 @@ class TorchCalls:
 
 
 class QuackCalls:
-    """The same calls through QuACK, h and grad_h interleaved. Default tile configurations
-    (`tuned=False`): QuACK's autotuner compiles every candidate, minutes per shape."""
+    """The same calls through QuACK, h and grad_h interleaved. No autotuning (`tuned=False`: it
+    compiles every candidate, minutes per shape): default tiles, or measured ones (dgated_config)."""
 
     @staticmethod
     def linear(x, w, offsets):
@@ -87,16 +87,11 @@ class QuackCalls:
 
     @staticmethod
     def gated(x, w13, row_probs, offsets):
-        out = _scaled_swiglu_epilogue()(x, w13.mT, row_probs=row_probs, cu_seqlens_m=offsets,
-                                        concat_layout=("B",), tuned=False)
-        return out["D"], out["postact"]
+        return gated_gemm(x, w13, row_probs, offsets)
 
     @staticmethod
     def dgated(dy, w2, h, row_probs, offsets):
-        from quack.gemm_interface import gemm_dgated
-
-        return gemm_dgated(dy, w2, h, activation="swiglu", colvec_scale=row_probs, colvec_reduce=True,
-                           cu_seqlens_m=offsets, tuned=False)
+        return dgated_gemm(dy, w2, h, row_probs, offsets, dgated_config(dy.device, dy.shape[1], w2.shape[2]))
 
     @staticmethod
     def gated_dgrad(grad_h, w13, offsets):
@@ -109,6 +104,44 @@ class QuackCalls:
         from quack.gemm_interface import gemm
 
         return gemm(grad_h.T, x, cu_seqlens_k=offsets, concat_layout=("out",), tuned=False)
+
+
+def gated_gemm(x, w13, row_probs, offsets, config=None):
+    """h (rows, 2F, gate and up interleaved) and a = silu(gate) * up * p from one QuACK GEMM;
+    `config` a QuACK GemmConfig, None for QuACK's default tiles."""
+    out = _scaled_swiglu_epilogue()(x, w13.mT, row_probs=row_probs, cu_seqlens_m=offsets, concat_layout=("B",),
+                                    tuned=False, config=config)
+    return out["D"], out["postact"]
+
+
+def dgated_gemm(dy, w2, h, row_probs, offsets, config=None):
+    """(grad_h, p * a, grad_p) from dy @ w2 with the SwiGLU's derivative, the routing weight and
+    the sum over F in QuACK's epilogue; `config` as for gated_gemm."""
+    from quack.gemm_interface import gemm_dgated
+
+    return gemm_dgated(dy, w2, h, activation="swiglu", colvec_scale=row_probs, colvec_reduce=True,
+                       cu_seqlens_m=offsets, tuned=False, config=config)
+
+
+# Tiles of the dgated GEMM by (compute capability major, hidden, ffn), where measured faster than
+# QuACK's default (128 x 192, pingpong, 2 x 1 cluster): at bio_8x1b's experts on the H200, of the
+# 18 configurations QuACK's autotuner tries, 128 x 128 pingpong with a 1 x 2 cluster took 0.60 ms
+# against the default's 0.73 (docs/benchmarks/moe.md). Other shapes and GPUs keep the default.
+MEASURED_DGATED_TILES = {
+    (9, 2048, 4096): {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2},
+}
+
+
+@functools.cache
+def dgated_config(device: torch.device, hidden: int, ffn: int):
+    """The dgated GEMM's measured GemmConfig for this GPU and expert shape, or None (QuACK's default)."""
+    major = torch.cuda.get_device_capability(device)[0]
+    tiles = MEASURED_DGATED_TILES.get((major, hidden, ffn))
+    if tiles is None:
+        return None
+    from quack.gemm_config import GemmConfig
+
+    return GemmConfig(**tiles, is_dynamic_persistent=False, device_capacity=major)
 
 
 @functools.cache
