@@ -661,9 +661,7 @@ def bench_quack_tiles(name: str, tokens: int) -> list[dict]:
     from foldmill.bench._quack_tiles import tile_cases
 
     config = model_config(name)
-    shape = (f"{name} experts: {tokens * config.top_k} rows over {config.num_experts}, hidden {config.hidden_size}, "
-             f"ffn {config.ffn_size}")
-    return _graphed_rows("quack-tiles", shape, tile_cases(config, tokens),
+    return _graphed_rows("quack-tiles", kernel_shape(name, config, tokens), tile_cases(config, tokens),
                          lambda case, ms: {"tflops": round(case.flops / ms / 1e9, 1)})
 
 

@@ -165,12 +165,19 @@ def calls_for(tensor: torch.Tensor) -> type[TorchCalls | QuackCalls]:
     """QuACK on CUDA, torch elsewhere."""
     if not tensor.is_cuda:
         return TorchCalls
-    if not quack_installed():
-        raise FoldmillError("expert backend quack needs QuACK on CUDA: pip install quack-kernels")
-    problem = cutlass_location_problem(_cutlass_origin())
+    problem = _quack_problem()
     if problem:
         raise FoldmillError(problem)
     return QuackCalls
+
+
+@functools.cache
+def _quack_problem() -> str | None:
+    """Why the quack backend cannot run on CUDA here, or None; once per process, not per call."""
+    if not quack_installed():
+        return "expert backend quack needs QuACK on CUDA: pip install quack-kernels"
+    spec = importlib.util.find_spec("cutlass")
+    return cutlass_location_problem(spec.origin if spec else None)
 
 
 def cutlass_location_problem(origin: str | None) -> str | None:
@@ -184,12 +191,6 @@ def cutlass_location_problem(origin: str | None) -> str | None:
         return None
     return (f"expert backend quack: QuACK compiles its epilogues only with CUTLASS's DSL installed under a "
             f"site-packages folder, and it is at {origin}: pip install it into the environment, not with --target")
-
-
-@functools.cache
-def _cutlass_origin() -> str | None:
-    spec = importlib.util.find_spec("cutlass")
-    return spec.origin if spec else None
 
 
 @functools.cache
