@@ -285,10 +285,19 @@ def test_8bit_experts_under_autocast_quantize_each_cast_once_and_keep_nothing(ba
         assert len(block.experts.backend.weights) == 0
 
 
-def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse():
+def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse(monkeypatch):
     """QuACK keys CUTLASS's DSL by name only under a site-packages folder; installed elsewhere it
-    raises a TypeError deep inside its own epilogues, so foldmill says so first, in one line."""
+    raises a TypeError deep inside its own epilogues, so foldmill says so first, in one line; so
+    too when QuACK is not installed at all."""
+    from foldmill.moe.experts import quack_fused
     from foldmill.moe.experts.quack_fused import cutlass_location_problem
+
+    monkeypatch.setattr(quack_fused, "quack_installed", lambda: False)
+    quack_fused._quack_problem.cache_clear()
+    try:
+        assert quack_fused._quack_problem() == "expert backend quack needs QuACK on CUDA: pip install quack-kernels"
+    finally:
+        quack_fused._quack_problem.cache_clear()
 
     for origin in (None, "/opt/conda/lib/python3.12/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/__init__.py",
                    "/usr/lib/python3/dist-packages/cutlass/__init__.py"):
