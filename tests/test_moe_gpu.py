@@ -154,12 +154,12 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
 
 @needs_quack
 @pytest.mark.parametrize(("experts", "hidden", "ffn", "tokens"), [(6, 256, 384, 1000), (8, 2048, 4096, 4000)],
-                         ids=["small", "bio_8x1b experts, measured dgated tiles"])
+                         ids=["small", "bio_8x1b experts, measured tiles"])
 def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose(experts, hidden, ffn, tokens):
     """The SwiGLU in QuACK's epilogues (h interleaved, w13 read and its gradient written as [gate;
     up]) gives the expert MLP's output and every gradient; the unchosen expert's one zero row gives
-    it a zero weight gradient. At bio_8x1b's expert shape the dgated GEMM runs with the tiles
-    measured for it (MEASURED_DGATED_TILES) instead of QuACK's default."""
+    it a zero weight gradient. At bio_8x1b's expert shape both epilogue GEMMs run with the tiles
+    measured for them (MEASURED_TILES) instead of QuACK's default."""
     from foldmill.moe.experts import get_backend
     from foldmill.moe.experts.mlp import grouped_swiglu_experts
     from foldmill.moe.experts.routing import permute_tokens

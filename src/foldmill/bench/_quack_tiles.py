@@ -2,7 +2,7 @@
 two epilogue GEMMs, the gated forward (h and the SwiGLU from one GEMM) and the dgated backward.
 
 The backend runs QuACK's default tiles unless another configuration was measured faster for the
-GPU and expert shape (`quack_fused.MEASURED_DGATED_TILES`); this section is that measurement. At
+GPU and expert shape (`quack_fused.MEASURED_TILES`); this section is that measurement. At
 one model's expert shape, the step's tokens routed evenly, it times each GEMM under QuACK's default
 and under every sm90 configuration QuACK's autotuner tries, beside what the `grouped` backend runs
 in its place (torch's `grouped_mm`, then foldmill's SwiGLU kernel). Each configuration compiles
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from foldmill.moe.config import ModelConfig
-from foldmill.moe.experts.quack_fused import dgated_config, dgated_gemm, gated_gemm, row_offsets
+from foldmill.moe.experts.quack_fused import dgated_gemm, gated_gemm, row_offsets, tile_config
 from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 
 
@@ -47,7 +47,7 @@ def tile_cases(config: ModelConfig, tokens: int, device: torch.device | str = "c
     ends[-1] = rows
     offsets = row_offsets(ends)
     gated_flops, dgated_flops = 2 * rows * hidden * 2 * ffn, 2 * rows * hidden * ffn
-    chosen = dgated_config(torch.device(device), hidden, ffn)
+    chosen = {kernel: tile_config(kernel, torch.device(device), hidden, ffn) for kernel in ("gated", "dgated")}
 
     cases = [
         TileCase("gated: grouped_mm, then the SwiGLU kernel (grouped backend)",
@@ -62,11 +62,11 @@ def tile_cases(config: ModelConfig, tokens: int, device: torch.device | str = "c
     for tiles in (c for c in get_all_configs(epilogue="gated") if c.device_capacity == major):
         name = (f"{tiles.tile_m}x{tiles.tile_n} {'pingpong' if tiles.pingpong else 'cooperative'}, "
                 f"cluster {tiles.cluster_m}x{tiles.cluster_n}")
-        cases.append(TileCase(f"gated: {name}", lambda tiles=tiles: gated_gemm(x, w13, probs, offsets, tiles),
-                              gated_flops))
-        mark = " (the backend's choice)" if tiles == chosen else ""
-        cases.append(TileCase(f"dgated: {name}{mark}", lambda tiles=tiles: dgated_gemm(dy, w2, h, probs, offsets, tiles),
-                              dgated_flops))
+        marks = {kernel: " (the backend's choice)" if tiles == config else "" for kernel, config in chosen.items()}
+        cases.append(TileCase(f"gated: {name}{marks['gated']}",
+                              lambda tiles=tiles: gated_gemm(x, w13, probs, offsets, tiles), gated_flops))
+        cases.append(TileCase(f"dgated: {name}{marks['dgated']}",
+                              lambda tiles=tiles: dgated_gemm(dy, w2, h, probs, offsets, tiles), dgated_flops))
     # The first four again: how far the GPU's timings drift over the section (clocks, temperature).
     return cases + [dataclasses.replace(case, variant=f"{case.variant}, again") for case in cases[:4]]
 

@@ -65,7 +65,7 @@ class TorchCalls:
 
 class QuackCalls:
     """The same calls through QuACK, h and grad_h interleaved. No autotuning (`tuned=False`: it
-    compiles every candidate, minutes per shape): default tiles, or measured ones (dgated_config)."""
+    compiles every candidate, minutes per shape): default tiles, or measured ones (tile_config)."""
 
     @staticmethod
     def linear(x, w, offsets):
@@ -87,11 +87,12 @@ class QuackCalls:
 
     @staticmethod
     def gated(x, w13, row_probs, offsets):
-        return gated_gemm(x, w13, row_probs, offsets)
+        config = tile_config("gated", x.device, x.shape[1], w13.shape[1] // 2)
+        return gated_gemm(x, w13, row_probs, offsets, config)
 
     @staticmethod
     def dgated(dy, w2, h, row_probs, offsets):
-        return dgated_gemm(dy, w2, h, row_probs, offsets, dgated_config(dy.device, dy.shape[1], w2.shape[2]))
+        return dgated_gemm(dy, w2, h, row_probs, offsets, tile_config("dgated", dy.device, dy.shape[1], w2.shape[2]))
 
     @staticmethod
     def gated_dgrad(grad_h, w13, offsets):
@@ -123,20 +124,25 @@ def dgated_gemm(dy, w2, h, row_probs, offsets, config=None):
                        cu_seqlens_m=offsets, tuned=False, config=config)
 
 
-# Tiles of the dgated GEMM by (compute capability major, hidden, ffn), where measured faster than
-# QuACK's default (128 x 192, pingpong, 2 x 1 cluster): at bio_8x1b's experts on the H200, of the
-# 18 configurations QuACK's autotuner tries, 128 x 128 pingpong with a 1 x 2 cluster took 0.60 ms
-# against the default's 0.73 (docs/benchmarks/moe.md). Other shapes and GPUs keep the default.
-MEASURED_DGATED_TILES = {
-    (9, 2048, 4096): {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2},
+# Tiles of the two epilogue GEMMs by (kernel, compute capability major, hidden, ffn), where measured
+# faster than QuACK's default in CUDA graphs, as the captured step runs them (`foldmill bench moe
+# --sections quack-tiles`, docs/benchmarks/moe.md). At bio_8x1b's experts on the H200, of the 18
+# configurations QuACK's autotuner tries, 128 x 128 pingpong with a 1 x 2 cluster: the gated GEMM
+# 0.72 ms against the default's 0.78, the dgated 0.49 against 0.68. Other shapes and GPUs keep the
+# default.
+BIO_8X1B_H200 = {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2}
+MEASURED_TILES = {
+    ("gated", 9, 2048, 4096): BIO_8X1B_H200,
+    ("dgated", 9, 2048, 4096): BIO_8X1B_H200,
 }
 
 
 @functools.cache
-def dgated_config(device: torch.device, hidden: int, ffn: int):
-    """The dgated GEMM's measured GemmConfig for this GPU and expert shape, or None (QuACK's default)."""
+def tile_config(kernel: str, device: torch.device, hidden: int, ffn: int):
+    """The measured GemmConfig of `kernel` (gated or dgated) for this GPU and expert shape, or None
+    (QuACK's default)."""
     major = torch.cuda.get_device_capability(device)[0]
-    tiles = MEASURED_DGATED_TILES.get((major, hidden, ffn))
+    tiles = MEASURED_TILES.get((kernel, major, hidden, ffn))
     if tiles is None:
         return None
     from quack.gemm_config import GemmConfig
