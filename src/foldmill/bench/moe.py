@@ -28,6 +28,9 @@ import argparse
 import dataclasses
 import functools
 import gc
+import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import traceback
@@ -95,6 +98,11 @@ PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "
 # A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
 Built = tuple[torch.nn.Module, bool, dict]
 CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn")
+# Contenders imported only by their own rows, which run after every other section. Importing
+# Transformer Engine loads the first libcudnn it finds under CUDA_HOME or /usr/local/cuda, process
+# wide: on an H200 whose toolkit held an older cuDNN than torch's, cuDNN frontend then reported
+# that version and every later step row ran 5-10% slower (torch's attention is cuDNN's).
+IMPORTED_LAST = ("transformer_engine",)
 
 
 def measure_peaks(repeats: int) -> dict[str, float]:
@@ -124,11 +132,16 @@ def add_mfu(row: dict, precision: str, peaks: dict[str, float]) -> None:
 
 
 def available_contenders() -> dict[str, str]:
-    """Which optional GEMM/attention libraries import here (version, or why not)."""
-    import importlib
-
+    """Which optional GEMM/attention libraries import here (version, or why not); those of
+    IMPORTED_LAST are not imported, only looked up."""
     found = {}
     for name in CONTENDER_MODULES:
+        if name in IMPORTED_LAST:
+            try:
+                found[name] = f"{importlib.metadata.version(name)} (imported after the other rows)"
+            except importlib.metadata.PackageNotFoundError:
+                found[name] = "not installed"
+            continue
         try:
             module = importlib.import_module(name)
             found[name] = str(getattr(module, "__version__", "installed"))
@@ -189,18 +202,20 @@ def kernel_ms_by_category(step: Callable[[], None], steps: int = 3) -> dict[str,
 GEMM_SHAPES = ((8, 4096, 4096, 14336), (8, 2048, 2048, 8192), (8, 2048, 4096, 2048))
 
 
-def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float]) -> list[dict]:
+def bench_gemm(backends: list[str], repeats: int, peaks: dict[str, float], imported_last: bool = False) -> list[dict]:
     """Each backend's grouped linear layer (forward; backward = dgrad + wgrad; quantization included,
-    weights' 8-bit copies cached as in training) and the library GEMMs alone, per shape."""
+    weights' 8-bit copies cached as in training) and the library GEMMs alone, per shape;
+    `imported_last`: only the rows of the IMPORTED_LAST libraries."""
     results: list[dict] = []
     for shape_index, shape in enumerate(GEMM_SHAPES):
         # Each shape's operands are freed (with its function's locals) before the next shape's.
-        results += _bench_gemm_shape(*shape, backends, repeats, peaks, triton_mxfp8=shape_index == 0)
+        results += _bench_gemm_shape(*shape, backends, repeats, peaks, triton_mxfp8=shape_index == 0,
+                                     imported_last=imported_last)
     return results
 
 
 def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backends: list[str], repeats: int,
-                      peaks: dict[str, float], triton_mxfp8: bool) -> list[dict]:
+                      peaks: dict[str, float], triton_mxfp8: bool, imported_last: bool) -> list[dict]:
     import torch.nn.functional as F
 
     from foldmill.moe.experts.mxfp8 import round_trip
@@ -233,6 +248,11 @@ def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backen
         _guarded(results, row, measure)
         add_mfu(row, precision, peaks)
 
+    if imported_last:
+        transformer_engine_rows = _optional("foldmill.bench._te_grouped_linear", "transformer_engine_rows")
+        if transformer_engine_rows is not None:
+            transformer_engine_rows(record, _error_against, x, w, dy, ends)
+        return results
     reference = F.grouped_mm(x.float(), w.float().transpose(-2, -1), offs=ends)
     for name in backends:
         _backend_rows(record, name, x, w, dy, ends, reference)
@@ -306,9 +326,10 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
                        ends: torch.Tensor) -> None:
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
     grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
-    grouped matmul (bf16), a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
-    forward and dgrad) and Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py).
-    QuACK's CuTe DSL GEMMs are measured as the `quack` backend.
+    grouped matmul (bf16) and a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
+    forward and dgrad). Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py)
+    runs after every other section (IMPORTED_LAST). QuACK's CuTe DSL GEMMs are measured as the
+    `quack` backend.
     A library that imports but refuses the shape gets a row with its error."""
     import torch.nn.functional as F
 
@@ -342,15 +363,10 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
             want = functools.partial(F.grouped_mm, rows.float(), weights, offs=ends)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
                    check=functools.partial(_error_against, run, want))
-    transformer_engine_rows = _optional("foldmill.bench._te_grouped_linear", "transformer_engine_rows")
-    if transformer_engine_rows is not None:
-        transformer_engine_rows(record, _error_against, x, w, dy, ends)
 
 
 def _optional(module: str, name: str) -> Callable | None:
     """module.name, or None where the library is missing or does not import (built for another torch)."""
-    import importlib
-
     try:
         return getattr(importlib.import_module(module), name)
     except Exception:  # any import failure means the contender cannot run here
@@ -747,6 +763,7 @@ def run(args: argparse.Namespace) -> int:
     if "gemm" in sections:
         rows += bench_gemm(backends, args.repeats, peaks)
         save()
+    gemm_rows = len(rows)
     if "layer" in sections:
         for shape in args.layer_shapes.split(","):
             rows += bench_layer(shape, args.tokens, backends, args.repeats, peaks)
@@ -775,6 +792,10 @@ def run(args: argparse.Namespace) -> int:
             save()
     if "quack-tiles" in sections:
         rows += bench_quack_tiles(args.step_model, args.tokens)
+        save()
+    if "gemm" in sections and any(importlib.util.find_spec(name) for name in IMPORTED_LAST):
+        # Last, and listed with the other gemm rows (IMPORTED_LAST).
+        rows[gemm_rows:gemm_rows] = bench_gemm(backends, args.repeats, peaks, imported_last=True)
         save()
     print(markdown_table(rows))
     return 0

@@ -1,0 +1,29 @@
+"""The MoE bench's report header names the optional libraries without importing those that must
+be imported last (bench/moe.py IMPORTED_LAST: Transformer Engine loads a cuDNN of its own)."""
+
+from __future__ import annotations
+
+import sys
+
+from foldmill.bench.moe import IMPORTED_LAST, available_contenders
+
+
+def test_libraries_imported_last_are_named_by_version_without_being_imported(tmp_path, monkeypatch):
+    name = IMPORTED_LAST[0]
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    metadata = tmp_path / f"{name}-1.2.3.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    found = available_contenders()
+
+    assert found[name] == "1.2.3 (imported after the other rows)"
+    assert name not in sys.modules
+
+
+def test_a_missing_library_imported_last_is_reported_as_not_installed(monkeypatch):
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if "site-packages" not in entry])
+    assert available_contenders()[IMPORTED_LAST[0]] == "not installed"
