@@ -22,6 +22,8 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe as te_recipe
 from transformer_engine.pytorch.module.grouped_linear import is_module_grouped_tensor_path_supported
 
+from foldmill.bench.moe import raising
+
 
 def recipes() -> list[tuple[str, te_recipe.Recipe | None, str]]:
     """(label, TE recipe or None for bf16, the precision whose peak the row is held against)."""
@@ -69,7 +71,7 @@ def transformer_engine_rows(record: Callable[..., None], error_against: Callable
                 continue
             native = is_module_grouped_tensor_path_supported(recipe, torch.bfloat16)
         except Exception as error:  # TE cannot tell what this GPU runs: one row with its error
-            record(f"Transformer Engine GroupedLinear {label}", None, precision, check=functools.partial(_raise, error))
+            record(f"Transformer Engine GroupedLinear {label}", None, precision, check=functools.partial(raising, error))
             continue
         path = "cuBLASLt grouped GEMM" if native else "a cuBLAS GEMM per expert"
         built: dict = {}
@@ -92,10 +94,6 @@ def transformer_engine_rows(record: Callable[..., None], error_against: Callable
             record(f"Transformer Engine GroupedLinear {label} forward + backward ({path})", forward_backward,
                    precision, passes=3)
         built.clear()
-
-
-def _raise(error: Exception) -> dict:
-    raise error
 
 
 def _supported(recipe: te_recipe.Recipe) -> bool:
