@@ -14,15 +14,12 @@ reused (`is_first_microbatch`), as foldmill's rows reuse theirs between optimize
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe as te_recipe
 from transformer_engine.pytorch.module.grouped_linear import is_module_grouped_tensor_path_supported
-
-from foldmill.bench.moe import raising
 
 
 def recipes() -> list[tuple[str, te_recipe.Recipe | None, str]]:
@@ -71,7 +68,7 @@ def transformer_engine_rows(record: Callable[..., None], error_against: Callable
                 continue
             native = is_module_grouped_tensor_path_supported(recipe, torch.bfloat16)
         except Exception as error:  # TE cannot tell what this GPU runs: one row with its error
-            record(f"Transformer Engine GroupedLinear {label}", None, precision, check=functools.partial(raising, error))
+            record(f"Transformer Engine GroupedLinear {label}", None, precision, failure=error)
             continue
         path = "cuBLASLt grouped GEMM" if native else "a cuBLAS GEMM per expert"
         built: dict = {}

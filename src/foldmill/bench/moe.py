@@ -231,11 +231,14 @@ def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backen
     shape = f"{experts}x{rows_per_expert} rows, K={k}, N={n}"
     results: list[dict] = []
 
-    def record(name: str, fn: Callable[[], object], precision: str, passes: int = 1,
-               check: Callable[[], dict] | None = None, **extra: object) -> None:
-        """check: columns computed inside the row's guard (a contender that fails to build gets its error)."""
+    def record(name: str, fn: Callable[[], object] | None, precision: str, passes: int = 1,
+               check: Callable[[], dict] | None = None, failure: Exception | None = None, **extra: object) -> None:
+        """check: columns computed inside the row's guard (a contender that fails to build gets its error);
+        failure: why the row could not be built, recorded as its error instead of a timing."""
 
         def measure() -> dict:
+            if failure is not None:
+                raise failure
             checked = {}
             if check is not None:
                 checked = check()
@@ -252,7 +255,7 @@ def _bench_gemm_shape(experts: int, rows_per_expert: int, k: int, n: int, backen
         try:
             from foldmill.bench._te_grouped_linear import transformer_engine_rows
         except Exception as error:  # installed (the header says so) but not importable: a row says why
-            record("Transformer Engine GroupedLinear", None, "bf16", passes=0, check=functools.partial(raising, error))
+            record("Transformer Engine GroupedLinear", None, "bf16", passes=0, failure=error)
             return results
         transformer_engine_rows(record, _error_against, x, w, dy, ends)
         return results
@@ -366,11 +369,6 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
             want = functools.partial(F.grouped_mm, rows.float(), weights, offs=ends)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
                    check=functools.partial(_error_against, run, want))
-
-
-def raising(error: Exception) -> dict:
-    """A row's check that fails with `error`: the row records it instead of a measurement."""
-    raise error
 
 
 def _optional(module: str, name: str) -> Callable | None:
