@@ -112,7 +112,7 @@ class TrainConfig:
     peak_tflops: float = 790.0  # per GPU, for MFU (measured bf16 dense rate of an H200)
     aux_loss_coef: float = 0.01
     # torch.compile the dense sub-blocks of each layer (moe.train.compile); CUDA only. Off by
-    # default: on the H200 it paid in some runs and lost in others (docs/benchmarks/moe.md).
+    # default: on the H200 the step ran slower compiled (docs/benchmarks/moe.md).
     compile: bool = False
     # Capture forward + backward as one CUDA graph (moe.train.graphs); runs of one CUDA GPU only.
     cuda_graphs: bool = True
