@@ -14,8 +14,9 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
          with the bytes they move per second (bench/_moe_kernels.py)
   quack-tiles  (not in the defaults; needs QuACK) the quack backend's two epilogue GEMMs under each
-         tile configuration QuACK's autotuner tries, at the step model's expert shape, beside the
-         grouped backend's GEMM + SwiGLU kernel, in CUDA graphs (bench/_quack_tiles.py)
+         tile configuration QuACK's autotuner tries, at the step model's and the wide model's expert
+         shapes, beside the grouped backend's GEMM + SwiGLU kernel, in CUDA graphs
+         (bench/_quack_tiles.py)
 TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
 (989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
 8192^3 GEMM rate of the row's precision measured at the start of the run.
@@ -797,8 +798,9 @@ def run(args: argparse.Namespace) -> int:
             rows += bench_kernels(name, args.tokens)
             save()
     if "quack-tiles" in sections:
-        rows += bench_quack_tiles(args.step_model, args.tokens)
-        save()
+        for name in filter(None, (args.step_model, args.wide_step_model)):
+            rows += bench_quack_tiles(name, args.tokens)
+            save()
     if "gemm" in sections and any(importlib.util.find_spec(name) for name in IMPORTED_LAST):
         # Last, and listed with the other gemm rows (IMPORTED_LAST).
         rows[gemm_rows:gemm_rows] = bench_gemm(backends, args.repeats, peaks, imported_last=True)
