@@ -27,3 +27,16 @@ def test_libraries_imported_last_are_named_by_version_without_being_imported(tmp
 def test_a_missing_library_imported_last_is_reported_as_not_installed(monkeypatch):
     monkeypatch.setattr(sys, "path", [entry for entry in sys.path if "site-packages" not in entry])
     assert available_contenders()[IMPORTED_LAST[0]] == "not installed"
+
+
+def test_a_library_without_a_version_attribute_is_named_by_its_distribution(tmp_path, monkeypatch):
+    """flash-attn-4 installs flash_attn as a namespace package, without __version__."""
+    (tmp_path / "nsattn" / "cute").mkdir(parents=True)
+    metadata = tmp_path / "ns_attn_4-4.0.0.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: ns-attn-4\nVersion: 4.0.0\n")
+    (metadata / "top_level.txt").write_text("nsattn\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("foldmill.bench.moe.CONTENDER_MODULES", ("nsattn",))
+
+    assert available_contenders() == {"nsattn": "ns-attn-4 4.0.0"}

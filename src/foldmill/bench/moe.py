@@ -8,6 +8,10 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
          (bf16 weights; the bf16-mixed rows as moe.precision's default trains); captured steps again
          with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
+  attention  one decoder layer's attention, forward and backward, at the step model's shape: foldmill's
+         causal (torch SDPA) and within-records (FlexAttention) paths against FlexAttention's causal
+         mask and, where flash-attn-4 is installed, FlashAttention 4's CuTe DSL kernels
+         (bench/_attention.py)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from foldmill.bench._attention import packed_records
 from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kernel_shape
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
@@ -51,8 +56,9 @@ from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("moe", help="MoE experts and training step vs Hugging Face Mixtral (GPU)")
     parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
-    parser.add_argument("--sections", default="gemm,layer,step",
-                        help="comma-separated: gemm, layer, step, profile (kernel time by category per step), "
+    parser.add_argument("--sections", default="gemm,layer,step,attention",
+                        help="comma-separated: gemm, layer, step, attention (one layer's attention per "
+                             "implementation), profile (kernel time by category per step), "
                              "kernels (SwiGLU and 8-bit copy kernels alone), quack-tiles (tile configurations of "
                              "the quack backend's epilogue GEMMs)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
@@ -145,10 +151,18 @@ def available_contenders() -> dict[str, str]:
             continue
         try:
             module = importlib.import_module(name)
-            found[name] = str(getattr(module, "__version__", "installed"))
+            found[name] = str(getattr(module, "__version__", None) or _distribution_version(name))
         except Exception as error:  # any import failure means the contender cannot run here
             found[name] = f"not importable ({type(error).__name__})"
     return found
+
+
+def _distribution_version(module: str) -> str:
+    """The version of the distributions that install `module` (flash-attn-4's flash_attn has no
+    __version__), or "installed"."""
+    names = importlib.metadata.packages_distributions().get(module, [])
+    versions = [f"{name} {importlib.metadata.version(name)}" for name in sorted(set(names))]
+    return ", ".join(versions) or "installed"
 
 
 # ---------------------------------------------------------------- profile
@@ -516,11 +530,8 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     vocab = f", vocab {vocab_size}" if vocab_size else ""
     label = f"{name} x{config.num_layers} layers{vocab}, {batch}x{seq_len} tokens"
 
-    # Records of 50-800 tokens packed back to back (proteins' median is about 400), for the
-    # document-masked row: attention within each record (FlexAttention block mask).
-    lengths = torch.randint(50, 801, (batch, seq_len // 50 + 1), generator=torch.Generator().manual_seed(0))
-    documents = torch.stack([torch.repeat_interleave(torch.arange(row.numel()), row)[:seq_len] for row in lengths])
-    documents = documents.to(device)
+    # For the document-masked rows: attention within each record (FlexAttention block mask).
+    documents = packed_records(batch, seq_len).to(device)
 
     def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data,
                 recipe: str = "bf16") -> torch.Tensor:
@@ -669,6 +680,56 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     return results
 
 
+# ---------------------------------------------------------------- attention
+
+
+def bench_attention(name: str, tokens: int, seq_len: int, repeats: int, peaks: dict[str, float]) -> list[dict]:
+    """Each case of _attention.attention_cases, forward and backward to q, k and v at the step
+    model's attention shape: timed in a CUDA graph (as the captured step runs it) and launched from
+    Python, with the output's and the gradients' error against float32 attention over the same mask."""
+    from foldmill.bench._attention import attention_cases, attention_flops, attention_inputs
+
+    config = model_config(name)
+    batch = max(tokens // seq_len, 1)
+    inputs = attention_inputs(config, batch, seq_len, torch.device("cuda"))
+    shape = (f"{name} attention: {batch}x{seq_len} tokens, {config.num_heads} query and {config.num_kv_heads} "
+             f"key-value heads of {config.head_dim}")
+    cases = attention_cases(inputs.documents)
+    results: list[dict] = []
+    for within_records in (False, True):
+        ids = inputs.documents if within_records else torch.zeros_like(inputs.documents)
+        flops = attention_flops(ids, config.num_heads, config.head_dim)
+        reference = inputs.reference(within_records)
+        for case in (case for case in cases if case.within_records == within_records):
+            run = functools.partial(inputs.forward_backward, case)
+            errors = functools.partial(_attention_errors, run, reference)  # once per case, with its graphed row
+            for how, time_ms, check in (("CUDA graph", cuda_graph_median_ms, errors),
+                                        ("launched from Python", functools.partial(cuda_median_ms, repeats=repeats),
+                                         None)):
+                row = {"section": "attention", "shape": shape, "variant": f"{case.variant}, {how}"}
+                _guarded(results, row, functools.partial(_timed_attention, run, time_ms, flops, check))
+                add_mfu(row, "bf16", peaks)
+    return results
+
+
+def _timed_attention(run: Callable[[], tuple], time_ms: Callable[[Callable[[], object]], float], flops: float,
+                     check: Callable[[], dict] | None) -> dict:
+    checked = check() if check is not None else {}
+    torch.cuda.reset_peak_memory_stats()  # the row's peak is its timed calls', not the check's
+    ms = time_ms(run)
+    return {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1), **checked}
+
+
+def _attention_errors(run: Callable[[], tuple], want: tuple) -> dict:
+    """run()'s output's relative error, and its gradients' (q, k and v together), against float32."""
+    (out, grads), (out_ref, grads_ref) = run(), want
+    out = out.detach()
+    flat = torch.cat([g.flatten() for g in grads])
+    flat_ref = torch.cat([g.flatten() for g in grads_ref])
+    return {"rel_error_vs_fp32": _relative_error(out, out_ref),
+            "rel_grad_error_vs_fp32": _relative_error(flat, flat_ref)}
+
+
 # ---------------------------------------------------------------- kernels
 
 
@@ -706,7 +767,8 @@ def _graphed_rows(section: str, shape: str, cases: list, rate: Callable[[object,
 def markdown_table(rows: list[dict]) -> str:
     columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "gb_per_s", "precision", "mfu_spec", "mfu_bf16_spec",
                "mfu_measured", "speedup_vs_eager", "speedup_vs_grouped_mm", "speedup_vs_foldmill_grouped",
-               "activation_gib", "peak_memory_gib", "rel_error_vs_fp32", "rel_diff_vs_hf_eager", "error"]
+               "activation_gib", "peak_memory_gib", "rel_error_vs_fp32", "rel_grad_error_vs_fp32", "rel_diff_vs_hf_eager",
+               "error"]
     used = [c for c in columns if any(c in r for r in rows)]
     lines = ["| " + " | ".join(used) + " |", "|" + "---|" * len(used)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in used) + " |" for r in rows]
@@ -723,7 +785,7 @@ def report_header(device_name: str, peaks: dict[str, float], contenders: dict[st
             f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
-SECTIONS = ("gemm", "layer", "step", "profile", "kernels", "quack-tiles")
+SECTIONS = ("gemm", "layer", "step", "attention", "profile", "kernels", "quack-tiles")
 
 
 def parse_sections(text: str) -> set[str]:
@@ -789,6 +851,9 @@ def run(args: argparse.Namespace) -> int:
                 rows += bench_step(args.wide_step_model, args.wide_step_layers, tokens, args.seq_len, backends,
                                    args.repeats, peaks, captured_only=True, vocab_size=vocab_size)
                 save()
+    if "attention" in sections:
+        rows += bench_attention(args.step_model, args.tokens, args.seq_len, args.repeats, peaks)
+        save()
     if "profile" in sections:
         rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
                            profile=True)

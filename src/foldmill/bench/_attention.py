@@ -1,0 +1,152 @@
+"""The `attention` section of `foldmill bench moe`: one decoder layer's attention, forward and
+backward, at the step model's shape, per implementation.
+
+foldmill attends with torch's SDPA over whole windows (cuDNN's flash kernels on Hopper) and with
+FlexAttention under a document block mask where records are packed (moe/model/attention.py). This
+section holds them against FlexAttention with a plain causal mask and, where flash-attn-4 is
+installed, FlashAttention 4's CuTe DSL kernels (`flash_attn.cute`: Hopper forward and backward,
+grouped-query heads, variable-length records), on the same q, k and v: causal over the whole
+window, and within the step's packed records of 50-800 tokens. Each case takes q, k, v as the
+projections lay them out, (batch, seq, heads, head_dim), and hands back what the output projection
+reads, (batch, seq, heads x head_dim), so a case pays for any transpose its library needs. FLOPs
+count the query-key pairs the mask keeps: 4 x head_dim per pair and query head forward, 10 backward
+(the scores again, and four products for the gradients).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from foldmill.moe.config import ModelConfig
+from foldmill.moe.model.attention import attend, document_mask
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    variant: str
+    within_records: bool  # attention within each packed record; else causal over the whole window
+    attend: Attend
+
+
+def packed_records(batch: int, seq_len: int) -> torch.Tensor:
+    """Document ids (batch, seq_len): records of 50-800 tokens packed back to back (proteins' median
+    is about 400), the same in every run."""
+    lengths = torch.randint(50, 801, (batch, seq_len // 50 + 1), generator=torch.Generator().manual_seed(0))
+    return torch.stack([torch.repeat_interleave(torch.arange(row.numel()), row)[:seq_len] for row in lengths])
+
+
+def record_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Where each record starts in the flattened (batch x seq) tokens, and where the last ends
+    (int32, records + 1 values, variable-length attention's cu_seqlens), and the longest record's
+    length. A window's end ends its last record."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = starts.flatten().nonzero().flatten()
+    bounds = torch.cat([first, first.new_tensor([document_ids.numel()])]).to(torch.int32)
+    return bounds, int(bounds.diff().max())
+
+
+def attention_flops(document_ids: torch.Tensor, heads: int, head_dim: int) -> float:
+    """Forward + backward FLOPs of attention within the records of `document_ids`, causal in each."""
+    lengths = record_bounds(document_ids)[0].diff().to(torch.int64)
+    pairs = int((lengths * (lengths + 1) // 2).sum())
+    return 14.0 * head_dim * heads * pairs
+
+
+def flash_attn_cute_installed() -> bool:
+    """Whether flash-attn-4's CuTe DSL package is installed (it may still fail to import)."""
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except (ImportError, ValueError):  # a flash_attn package that does not import, or a stub
+        return False
+
+
+def attention_cases(documents: torch.Tensor) -> list[AttentionCase]:
+    """foldmill's two attention paths, FlexAttention with a causal mask, and on CUDA, where
+    installed, FlashAttention 4, for `documents` (batch, seq)."""
+    whole_windows = torch.zeros_like(documents)
+    flex_causal, flex_records = document_mask(whole_windows), document_mask(documents)
+    cases = [
+        AttentionCase("foldmill, causal: torch SDPA (cuDNN flash attention on Hopper)", False,
+                      lambda q, k, v: _heads_first(q, k, v, None)),
+        AttentionCase("FlexAttention, causal block mask (compiled)", False,
+                      lambda q, k, v: _heads_first(q, k, v, flex_causal)),
+        AttentionCase("foldmill, within records: FlexAttention, document block mask (compiled)", True,
+                      lambda q, k, v: _heads_first(q, k, v, flex_records)),
+    ]
+    if documents.is_cuda and flash_attn_cute_installed():
+        bounds, longest = record_bounds(documents)
+        cases += [
+            AttentionCase("FlashAttention 4 (CuTe DSL), causal", False, _flash_attn_causal),
+            AttentionCase("FlashAttention 4 (CuTe DSL), within records: variable-length", True,
+                          lambda q, k, v: _flash_attn_records(q, k, v, bounds, longest)),
+        ]
+    return cases
+
+
+def _heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object) -> torch.Tensor:
+    """foldmill's attend, as the model calls it: (batch, heads, seq, dim) views in, the output back
+    in (batch, seq, heads x dim) for the output projection."""
+    out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def _flash_attn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from flash_attn.cute import flash_attn_func
+
+    out, _ = flash_attn_func(q, k, v, causal=True)
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+def _flash_attn_records(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
+                        longest: int) -> torch.Tensor:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    out, _ = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q=bounds,
+                                    cu_seqlens_k=bounds, max_seqlen_q=longest, max_seqlen_k=longest, causal=True)
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+@dataclass
+class AttentionInputs:
+    """Leaves q (batch, seq, heads, dim), k and v (batch, seq, kv_heads, dim), the gradient of the
+    output, and the float32 attention each mask gives, with its gradients, as the reference."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor
+    documents: torch.Tensor
+
+    def forward_backward(self, case: AttentionCase) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = case.attend(self.q, self.k, self.v)
+        return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.grad_out)
+
+    def reference(self, within_records: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """float32 attention through the dense boolean mask (torch's math path)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ids = self.documents if within_records else torch.zeros_like(self.documents)
+        leaves = [t.detach().float().requires_grad_() for t in (self.q, self.k, self.v)]
+        with sdpa_kernel(SDPBackend.MATH):
+            out = _heads_first(*leaves, document_mask(ids, "sdpa"))
+        return out.detach(), torch.autograd.grad(out, leaves, self.grad_out.float())
+
+
+def attention_inputs(config: ModelConfig, batch: int, seq_len: int, device: torch.device) -> AttentionInputs:
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def leaf(heads: int) -> torch.Tensor:
+        values = torch.randn(batch, seq_len, heads, config.head_dim, device=device, generator=generator)
+        return values.bfloat16().requires_grad_()
+
+    q, k, v = leaf(config.num_heads), leaf(config.num_kv_heads), leaf(config.num_kv_heads)
+    grad_out = torch.randn(batch, seq_len, config.num_heads * config.head_dim, device=device,
+                           generator=generator).bfloat16()
+    return AttentionInputs(q, k, v, grad_out, packed_records(batch, seq_len).to(device))
