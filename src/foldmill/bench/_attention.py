@@ -63,7 +63,7 @@ def flash_attn_cute_installed() -> bool:
     """Whether flash-attn-4's CuTe DSL package is installed (it may still fail to import)."""
     try:
         return importlib.util.find_spec("flash_attn.cute") is not None
-    except (ImportError, ValueError):  # a flash_attn package that does not import, or a stub
+    except (ImportError, OSError, ValueError):  # a flash_attn package that fails to import
         return False
 
 
