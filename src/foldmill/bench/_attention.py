@@ -3,14 +3,14 @@ backward, at the step model's shape, per implementation.
 
 foldmill attends with torch's SDPA over whole windows (cuDNN's flash kernels on Hopper) and with
 FlexAttention under a document block mask where records are packed (moe/model/attention.py). This
-section holds them against FlexAttention with a plain causal mask and, where flash-attn-4 is
-installed, FlashAttention 4's CuTe DSL kernels (`flash_attn.cute`: Hopper forward and backward,
-grouped-query heads, variable-length records), on the same q, k and v: causal over the whole
-window, and within the step's packed records of 50-800 tokens. Each case takes q, k, v as the
-projections lay them out, (batch, seq, heads, head_dim), and hands back what the output projection
-reads, (batch, seq, heads x head_dim), so a case pays for any transpose its library needs. FLOPs
-count the query-key pairs the mask keeps: 4 x head_dim per pair and query head forward, 10 backward
-(the scores again, and four products for the gradients).
+section holds them against FlexAttention with a plain causal mask, torch's FlashAttention 2
+backend and, where flash-attn-4 is installed, FlashAttention 4's CuTe DSL kernels
+(`flash_attn.cute`: Hopper forward and backward, grouped-query heads, variable-length records), on
+the same q, k and v: causal over the whole window, and within the step's packed records of 50-800
+tokens. Each case takes q, k, v as the projections lay them out, (batch, seq, heads, head_dim), and
+hands back what the output projection reads, (batch, seq, heads x head_dim), so a case pays for
+any transpose its library needs. FLOPs count the query-key pairs the mask keeps: 4 x head_dim per
+pair and query head forward, 10 backward (the scores again, and four products for the gradients).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def flash_attn_cute_installed() -> bool:
 
 
 def attention_cases(documents: torch.Tensor) -> list[AttentionCase]:
-    """foldmill's two attention paths, FlexAttention with a causal mask, and on CUDA, where
-    installed, FlashAttention 4, for `documents` (batch, seq)."""
+    """foldmill's two attention paths, FlexAttention with a causal mask, and on CUDA torch's
+    FlashAttention 2 backend and, where installed, FlashAttention 4, for `documents` (batch, seq)."""
     whole_windows = torch.zeros_like(documents)
     flex_causal, flex_records = document_mask(whole_windows), document_mask(documents)
     cases = [
@@ -80,6 +80,8 @@ def attention_cases(documents: torch.Tensor) -> list[AttentionCase]:
         AttentionCase("foldmill, within records: FlexAttention, document block mask (compiled)", True,
                       lambda q, k, v: _heads_first(q, k, v, flex_records)),
     ]
+    if documents.is_cuda:
+        cases.append(AttentionCase("torch SDPA, FlashAttention 2 backend, causal", False, _flash_attention_2))
     if documents.is_cuda and flash_attn_cute_installed():
         bounds, longest = record_bounds(documents)
         cases += [
@@ -95,6 +97,13 @@ def _heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object
     in (batch, seq, heads x dim) for the output projection."""
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def _flash_attention_2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return _heads_first(q, k, v, None)
 
 
 def _flash_attn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

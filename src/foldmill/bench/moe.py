@@ -10,8 +10,8 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
   attention  one decoder layer's attention, forward and backward, at the step model's shape: foldmill's
          causal (torch SDPA) and within-records (FlexAttention) paths against FlexAttention's causal
-         mask and, where flash-attn-4 is installed, FlashAttention 4's CuTe DSL kernels
-         (bench/_attention.py)
+         mask, torch's FlashAttention 2 backend and, where flash-attn-4 is installed, FlashAttention
+         4's CuTe DSL kernels (bench/_attention.py)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
