@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from foldmill.moe.config import ModelConfig
-from foldmill.moe.model.attention import attend, document_mask
+from foldmill.moe.model.attention import attend, document_mask, record_starts
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -45,9 +45,7 @@ def record_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Where each record starts in the flattened (batch x seq) tokens, and where the last ends
     (int32, records + 1 values, variable-length attention's cu_seqlens), and the longest record's
     length. A window's end ends its last record."""
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    first = starts.flatten().nonzero().flatten()
+    first = record_starts(document_ids).flatten().nonzero().flatten()
     bounds = torch.cat([first, first.new_tensor([document_ids.numel()])]).to(torch.int32)
     return bounds, int(bounds.diff().max())
 
@@ -137,14 +135,17 @@ class AttentionInputs:
         out = case.attend(self.q, self.k, self.v)
         return out, torch.autograd.grad(out, (self.q, self.k, self.v), self.grad_out)
 
+    def mask_ids(self, within_records: bool) -> torch.Tensor:
+        """The document ids a case's mask follows: the packed records, or one record per window."""
+        return self.documents if within_records else torch.zeros_like(self.documents)
+
     def reference(self, within_records: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """float32 attention through the dense boolean mask (torch's math path)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        ids = self.documents if within_records else torch.zeros_like(self.documents)
         leaves = [t.detach().float().requires_grad_() for t in (self.q, self.k, self.v)]
         with sdpa_kernel(SDPBackend.MATH):
-            out = _heads_first(*leaves, document_mask(ids, "sdpa"))
+            out = _heads_first(*leaves, document_mask(self.mask_ids(within_records), "sdpa"))
         return out.detach(), torch.autograd.grad(out, leaves, self.grad_out.float())
 
 

@@ -33,13 +33,18 @@ class DocumentMask:
     dense: torch.Tensor | None = None  # (batch, 1, seq, seq) bool, True = may attend (sdpa)
 
 
+def record_starts(document_ids: torch.Tensor) -> torch.Tensor:
+    """True where a record starts: each window's first token and every change of document id."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
+    return starts
+
+
 def positions_in_document(document_ids: torch.Tensor) -> torch.Tensor:
     """Index of each token within its run of equal document ids (restarts at every change)."""
     seq = document_ids.shape[-1]
     index = torch.arange(seq, device=document_ids.device).expand_as(document_ids)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
-    return index - torch.where(starts, index, 0).cummax(dim=-1).values
+    return index - torch.where(record_starts(document_ids), index, 0).cummax(dim=-1).values
 
 
 def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> DocumentMask:
