@@ -85,9 +85,9 @@ def test_flex_attention_matches_the_dense_mask_on_gpu() -> None:
         pytest.skip("needs a CUDA GPU")
     generator = torch.Generator(device="cuda").manual_seed(0)
     batch, heads, kv_heads, seq, dim = 2, 8, 4, 1024, 128
-    q = torch.randn(batch, heads, seq, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
-    k = torch.randn(batch, kv_heads, seq, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
-    v = torch.randn(batch, kv_heads, seq, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+    q = torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+    k = torch.randn(batch, seq, kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
+    v = torch.randn(batch, seq, kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=generator)
     lengths = torch.randint(70, 400, (2, 16), generator=torch.Generator().manual_seed(1))
     ids = torch.stack([torch.repeat_interleave(torch.arange(16), row)[:seq] for row in lengths]).cuda()
     grads = {}

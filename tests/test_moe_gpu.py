@@ -669,16 +669,12 @@ def test_rope_kernel_matches_eager_rotation_and_its_gradient(per_record):
 def test_captured_steps_train_as_eager_steps(backend, masked):
     """moe.cuda_graphs: replayed forward + backward steps give the eager run's losses and weights,
     and eager code after the replays (evaluation) reads 8-bit copies of the current weights."""
-    import copy
-
     from foldmill.moe.config import ModelConfig
     from foldmill.moe.model.decoder import MoEDecoder
-    from foldmill.moe.train.graphs import CapturedForwardBackward
 
     torch.manual_seed(0)
     config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
     eager = MoEDecoder(config).to(CUDA, torch.bfloat16)
-    graphed = copy.deepcopy(eager)
     batches = torch.randint(4, config.vocab_size, (4, 2, 129), device=CUDA)
     documents = torch.arange(128, device=CUDA).div(40, rounding_mode="floor").expand(2, -1) if masked else None
 
@@ -686,6 +682,21 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
         logits = model(batch[:, :-1], documents).logits
         return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
 
+    graphed, captured = assert_captured_steps_train_as_eager(eager, loss, batches)
+    with torch.no_grad():
+        assert torch.allclose(loss(graphed, batches[0])[0], loss(eager, batches[0])[0], rtol=1e-3, atol=0)
+    with pytest.raises(ValueError, match="batches of shape"):
+        captured(batches[0][:1])
+
+
+def assert_captured_steps_train_as_eager(eager, loss, batches):
+    """Train a copy of `eager` with captured steps and `eager` itself with eager steps, torch's AdamW
+    after each, over `batches`: the same losses and weights. Returns the copy and its captured step."""
+    import copy
+
+    from foldmill.moe.train.graphs import CapturedForwardBackward
+
+    graphed = copy.deepcopy(eager)
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-2, fused=True)
     graphed_optimizer = torch.optim.AdamW(graphed.parameters(), lr=1e-2, fused=True)
     captured = CapturedForwardBackward(lambda batch: loss(graphed, batch), list(graphed.parameters()))
@@ -699,10 +710,7 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
         assert torch.allclose(got, want.detach(), rtol=1e-3, atol=0)
     for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
         assert torch.allclose(p.float(), q.float(), rtol=1e-2, atol=1e-4), name
-    with torch.no_grad():
-        assert torch.allclose(loss(graphed, batches[0])[0], loss(eager, batches[0])[0], rtol=1e-3, atol=0)
-    with pytest.raises(ValueError, match="batches of shape"):
-        captured(batches[0][:1])
+    return graphed, captured
 
 
 @pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])

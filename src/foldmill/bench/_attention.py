@@ -1,28 +1,32 @@
 """The `attention` section of `foldmill bench moe`: one decoder layer's attention, forward and
 backward, at the step model's shape, per implementation.
 
-foldmill attends with torch's SDPA over whole windows (cuDNN's flash kernels on Hopper) and with
-FlexAttention under a document block mask where records are packed (moe/model/attention.py). This
-section holds them against FlexAttention with a plain causal mask, torch's FlashAttention 2
-backend and, where flash-attn-4 is installed, FlashAttention 4's CuTe DSL kernels
-(`flash_attn.cute`: Hopper forward and backward, grouped-query heads, variable-length records), on
-the same q, k and v: causal over the whole window, and within the step's packed records of 50-800
-tokens. Each case takes q, k, v as the projections lay them out, (batch, seq, heads, head_dim), and
-hands back what the output projection reads, (batch, seq, heads x head_dim), so a case pays for
-any transpose its library needs. FLOPs count the query-key pairs the mask keeps: 4 x head_dim per
-pair and query head forward, 10 backward (the scores again, and four products for the gradients).
+foldmill's default attention (ModelConfig.attention "torch") is torch's SDPA over whole windows
+(cuDNN's flash kernels on Hopper) and FlexAttention under a document block mask where records are
+packed (moe/model/attention.py). This section holds them against FlexAttention with a plain causal
+mask, torch's FlashAttention 2 backend and, where flash-attn-4 is installed, FlashAttention 4's
+CuTe DSL kernels (`flash_attn.cute`): foldmill's "flash_attn_4" attention (causal; records through
+a mask on FlexAttention's block mask, static shapes) and, for reference, its variable-length
+attention over the exact record bounds (the number of records on the host: not capturable for a
+stream of batches). All on the same q, k and v: causal over the whole window, and within the step's
+packed records of 50-800 tokens. Each case takes q, k, v as the projections lay them out, (batch,
+seq, heads, head_dim), and hands back what the output projection reads, (batch, seq, heads x
+head_dim), so a case pays for any transpose its library needs. FLOPs count the query-key pairs the
+mask keeps: 4 x head_dim per pair and query head forward, 10 backward (the scores again, and four
+products for the gradients).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from foldmill.moe.config import ModelConfig
-from foldmill.moe.model.attention import attend, document_mask, record_starts
+from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
+from foldmill.moe.model.attention import DocumentMask, attend, document_mask, record_starts
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -57,58 +61,45 @@ def attention_flops(document_ids: torch.Tensor, heads: int, head_dim: int) -> fl
     return 14.0 * head_dim * heads * pairs
 
 
-def flash_attn_cute_installed() -> bool:
-    """Whether flash-attn-4's CuTe DSL package is installed (it may still fail to import)."""
-    try:
-        return importlib.util.find_spec("flash_attn.cute") is not None
-    except (ImportError, OSError, ValueError):  # a flash_attn package that fails to import
-        return False
-
-
 def attention_cases(documents: torch.Tensor) -> list[AttentionCase]:
     """foldmill's two attention paths, FlexAttention with a causal mask, and on CUDA torch's
     FlashAttention 2 backend and, where installed, FlashAttention 4, for `documents` (batch, seq)."""
     whole_windows = torch.zeros_like(documents)
     flex_causal, flex_records = document_mask(whole_windows), document_mask(documents)
     cases = [
-        AttentionCase("foldmill, causal: torch SDPA (cuDNN flash attention on Hopper)", False,
-                      lambda q, k, v: _heads_first(q, k, v, None)),
-        AttentionCase("FlexAttention, causal block mask (compiled)", False,
-                      lambda q, k, v: _heads_first(q, k, v, flex_causal)),
-        AttentionCase("foldmill, within records: FlexAttention, document block mask (compiled)", True,
-                      lambda q, k, v: _heads_first(q, k, v, flex_records)),
+        AttentionCase("foldmill torch, causal: torch SDPA (cuDNN flash attention on Hopper)", False,
+                      functools.partial(_foldmill, mask=None)),
+        AttentionCase("FlexAttention, causal block mask (compiled)", False, functools.partial(_foldmill, mask=flex_causal)),
+        AttentionCase("foldmill torch, within records: FlexAttention, document block mask (compiled)", True,
+                      functools.partial(_foldmill, mask=flex_records)),
     ]
     if documents.is_cuda:
         cases.append(AttentionCase("torch SDPA, FlashAttention 2 backend, causal", False, _flash_attention_2))
-    if documents.is_cuda and flash_attn_cute_installed():
+    if documents.is_cuda and flash_attention_4_installed():
         bounds, longest = record_bounds(documents)
         cases += [
-            AttentionCase("FlashAttention 4 (CuTe DSL), causal", False, _flash_attn_causal),
-            AttentionCase("FlashAttention 4 (CuTe DSL), within records: variable-length", True,
+            AttentionCase("foldmill flash_attn_4, causal: FlashAttention 4 (CuTe DSL)", False,
+                          functools.partial(_foldmill, mask=None, kernels="flash_attn_4")),
+            AttentionCase("foldmill flash_attn_4, within records: FlashAttention 4, mask on the document block mask",
+                          True, functools.partial(_foldmill, mask=flex_records, kernels="flash_attn_4")),
+            AttentionCase("FlashAttention 4, within records: variable-length, exact record bounds", True,
                           lambda q, k, v: _flash_attn_records(q, k, v, bounds, longest)),
         ]
     return cases
 
 
-def _heads_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object) -> torch.Tensor:
-    """foldmill's attend, as the model calls it: (batch, heads, seq, dim) views in, the output back
-    in (batch, seq, heads x dim) for the output projection."""
-    out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-    return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+def _foldmill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask | None,
+              kernels: str = "torch") -> torch.Tensor:
+    """foldmill's attend, as the model calls it, the output in (batch, seq, heads x dim) for the
+    output projection."""
+    return attend(q, k, v, mask, kernels).reshape(q.shape[0], q.shape[1], -1)
 
 
 def _flash_attention_2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return _heads_first(q, k, v, None)
-
-
-def _flash_attn_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    from flash_attn.cute import flash_attn_func
-
-    out, _ = flash_attn_func(q, k, v, causal=True)
-    return out.reshape(q.shape[0], q.shape[1], -1)
+        return _foldmill(q, k, v, None)
 
 
 def _flash_attn_records(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
@@ -145,7 +136,7 @@ class AttentionInputs:
 
         leaves = [t.detach().float().requires_grad_() for t in (self.q, self.k, self.v)]
         with sdpa_kernel(SDPBackend.MATH):
-            out = _heads_first(*leaves, document_mask(self.mask_ids(within_records), "sdpa"))
+            out = _foldmill(*leaves, document_mask(self.mask_ids(within_records), "sdpa"))
         return out.detach(), torch.autograd.grad(out, leaves, self.grad_out.float())
 
 

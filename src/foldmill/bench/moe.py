@@ -7,11 +7,13 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          MoEBlock (grouped, fp8_rowwise, mxfp8, and quack where QuACK is installed), same weights
   step   full training step (forward, backward, AdamW) of a decoder: HF MixtralForCausalLM vs foldmill
          (bf16 weights; the bf16-mixed rows as moe.precision's default trains); captured steps again
-         with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model)
+         with 4x the tokens, and of a model with Mixtral-8x7B's wider layers (--wide-step-model);
+         where flash-attn-4 is installed, the captured bf16 step on FlashAttention 4's attention
   attention  one decoder layer's attention, forward and backward, at the step model's shape: foldmill's
          causal (torch SDPA) and within-records (FlexAttention) paths against FlexAttention's causal
-         mask, torch's FlashAttention 2 backend and, where flash-attn-4 is installed, FlashAttention
-         4's CuTe DSL kernels (bench/_attention.py)
+         mask, torch's FlashAttention 2 backend and, where flash-attn-4 is installed, foldmill's
+         attention on FlashAttention 4's CuTe DSL kernels and their variable-length attention
+         (bench/_attention.py)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
@@ -50,6 +52,7 @@ from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
 from foldmill.moe.experts.quack_fused import quack_installed
+from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
 from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
 
 
@@ -612,7 +615,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return build
 
     def foldmill_model(backend: str, compiled: bool = False, recipe: str = "bf16",
-                       **settings: bool) -> Callable[[], Built]:
+                       **settings: object) -> Callable[[], Built]:
         """`settings`: ModelConfig fields that differ from the step model's (e.g. recompute_experts);
         the parameters stored as the trainer stores them for `recipe` (train/precision.py)."""
 
@@ -639,6 +642,15 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             results.append({"section": "profile", "shape": label, "variant": f"{variant}: {category}",
                             "ms": round(ms, 2)})
 
+    def flash_attention_4_rows() -> None:
+        """The captured bf16 step with FlashAttention 4's attention (ModelConfig.attention), where installed."""
+        if not flash_attention_4_installed():
+            return
+        flash = foldmill_model("grouped", attention="flash_attn_4")
+        row("foldmill grouped, CUDA graph, attention flash_attn_4", flash, "bf16", graphed=True)
+        row("foldmill grouped, document-masked, CUDA graph, attention flash_attn_4", flash, "bf16", masked=True,
+            graphed=True)
+
     if profile:
         for backend in backends:
             profile_rows(backend)
@@ -656,6 +668,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         if "grouped" in backends:
             row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
                 graphed=True)
+            flash_attention_4_rows()
         add_speedups(results)
         return results
     for backend in backends:  # the trainer's default recipe
@@ -676,6 +689,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             masked=True)
         row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
             graphed=True)
+        flash_attention_4_rows()
     add_speedups(results)
     return results
 

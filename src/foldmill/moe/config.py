@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from foldmill.errors import FoldmillError
 
+# The decoder's attention kernels (model.attention): torch's SDPA (cuDNN's flash kernels on Hopper)
+# and FlexAttention for packed records, or FlashAttention 4 (kernels.flash_attention_4; CUDA only).
+ATTENTION_KERNELS = ("torch", "flash_attn_4")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -29,6 +33,7 @@ class ModelConfig:
     recompute_experts: bool = False
     # fp8_rowwise only: FP8 tensor-core accumulation without fp32 promotion (experts.fp8_rowwise).
     fp8_fast_accumulation: bool = True
+    attention: str = "torch"  # one of ATTENTION_KERNELS
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -37,6 +42,8 @@ class ModelConfig:
                 f"hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
                 f"and num_heads by num_kv_heads {self.num_kv_heads}"
             )
+        if self.attention not in ATTENTION_KERNELS:
+            raise FoldmillError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
         if not 1 <= self.top_k <= self.num_experts:
             raise FoldmillError(f"top_k {self.top_k} must be between 1 and num_experts {self.num_experts}")
         # 8-bit GEMMs block (MXFP8: 32) or align (FP8 on Hopper: 16) both expert dimensions.

@@ -5,6 +5,9 @@ in one window): a token attends only to earlier tokens of its own record, and Ro
 restart at each record, so a packed window computes what each record would alone. On CUDA the
 mask is a FlexAttention block mask (compiled; blocks of other records are skipped, not computed);
 elsewhere SDPA with a boolean block-diagonal causal mask, the reference path.
+
+ModelConfig.attention picks the kernels: "torch" (the above) or "flash_attn_4" (FlashAttention 4,
+moe/kernels/flash_attention_4.py; CUDA only), which reads the same block mask.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foldmill.moe.config import ModelConfig
+from foldmill.moe.kernels.flash_attention_4 import flash_attention_4
 from foldmill.moe.model.projections import project
 from foldmill.moe.model.rope import apply_rope
 
@@ -29,6 +33,7 @@ class DocumentMask:
     """Which keys each query may see in a window of packed records; built once per batch."""
 
     positions: torch.Tensor  # (batch, seq) position of each token within its record
+    document_ids: torch.Tensor  # (batch, seq) int32, which record each token belongs to
     block_mask: object | None = None  # FlexAttention BlockMask (flex)
     dense: torch.Tensor | None = None  # (batch, 1, seq, seq) bool, True = may attend (sdpa)
 
@@ -61,7 +66,7 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
         seq = ids.shape[-1]
         causal = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril()
         dense = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & causal
-        return DocumentMask(positions, dense=dense.unsqueeze(1))
+        return DocumentMask(positions, ids, dense=dense.unsqueeze(1))
     from torch.nn.attention.flex_attention import create_block_mask
 
     def same_document_causal(b, h, q, kv):
@@ -70,7 +75,7 @@ def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> D
     batch, seq = ids.shape
     # Compiled construction: ~10 ms per 2 x 4,096-token batch uncompiled on the H200, once per step.
     block_mask = create_block_mask(same_document_causal, batch, None, seq, seq, device=ids.device, _compile=True)
-    return DocumentMask(positions, block_mask=block_mask)
+    return DocumentMask(positions, ids, block_mask=block_mask)
 
 
 @functools.cache
@@ -81,7 +86,18 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask | None) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask | None,
+           kernels: str = "torch") -> torch.Tensor:
+    """q (batch, seq, heads, dim), k/v (batch, seq, kv_heads, dim), as the projections lay them out
+    -> (batch, seq, heads, dim); `kernels`: ModelConfig.attention."""
+    if kernels == "flash_attn_4":
+        if mask is None:
+            return flash_attention_4(q, k, v)
+        return flash_attention_4(q, k, v, mask.document_ids, mask.block_mask)
+    return _torch_attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask).transpose(1, 2)
+
+
+def _torch_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask | None) -> torch.Tensor:
     """q (batch, heads, seq, dim), k/v (batch, kv_heads, seq, dim) -> (batch, heads, seq, dim)."""
     gqa = k.shape[1] != q.shape[1]
     if mask is None:
@@ -94,6 +110,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.kernels = config.attention
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -111,7 +128,7 @@ class Attention(nn.Module):
         k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
         # Rotated in the projections' own (batch, seq, heads, dim) layout: contiguous, so the
-        # elementwise kernels vectorize; attention then takes (batch, heads, seq, dim) views.
-        q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
-        out = attend(q, k, v.transpose(1, 2), mask)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        # elementwise kernels vectorize.
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v, mask, self.kernels)
+        return self.wo(out.reshape(batch, seq, -1))

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from foldmill.moe.config import ModelConfig
+from foldmill.moe.kernels.flash_attention_4 import require_flash_attention_4
 from foldmill.moe.model.attention import Attention, DocumentMask, document_mask
 from foldmill.moe.model.moe import MoEBlock
 from foldmill.moe.model.norm import RMSNorm
@@ -71,11 +72,14 @@ class MoEDecoder(nn.Module):
         seq = tokens.shape[1]
         if seq > self.config.max_seq_len:
             raise ValueError(f"sequence length {seq} exceeds max_seq_len {self.config.max_seq_len}")
+        if self.config.attention == "flash_attn_4":
+            require_flash_attention_4(tokens.device)
         mask = None
         if document_ids is None:
             cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
         else:
-            mask = document_mask(document_ids)
+            # FlashAttention 4 reads FlexAttention's block mask.
+            mask = document_mask(document_ids, "flex" if self.config.attention == "flash_attn_4" else "auto")
             cos, sin = self.rope_cos[mask.positions], self.rope_sin[mask.positions]
         x, delta = self.embedding(tokens), None
         aux_losses, loads = [], []
