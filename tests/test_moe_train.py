@@ -12,10 +12,12 @@ import torch
 
 from foldmill.cli import main as cli_main
 from foldmill.errors import CheckpointError
-from foldmill.moe.config import TrainConfig
+from foldmill.moe.config import TrainConfig, model_config
 from foldmill.moe.data.corpus import prepare_corpus
+from foldmill.moe.data.loader import BatchSampler, document_ids
 from foldmill.moe.train.evaluate import evaluate_checkpoint
 from foldmill.moe.train.launch import train_arguments
+from foldmill.moe.train.metrics import attended_fraction, flops_per_token, mfu
 from foldmill.moe.train.optim import learning_rate
 from foldmill.moe.train.trainer import Trainer, model_parameters
 
@@ -38,6 +40,32 @@ def test_tiny_model_learns(corpus, tmp_path):
     assert summary["val_perplexity"] < 29 and summary["steps"] == 24
     assert all(len(line["router_max_load"]) == 2 for line in lines if "loss" in line)
     assert json.loads((tmp_path / "summary.json").read_text())["checkpoint"].endswith("step_00000024")
+
+
+def test_logged_mfu_counts_the_attention_the_records_of_its_batches_keep(corpus, tmp_path):
+    config = TrainConfig(steps=4, batch_size=2, seq_len=256, warmup_steps=1, log_every=2, eval_batches=1)
+    trainer = Trainer(corpus, tmp_path, config)
+    sampler = BatchSampler(len(trainer.train_windows), config.batch_size, config.seed)
+    fractions = [attended_fraction(document_ids(trainer.train_windows.batch(sampler.next_indices())[:, :-1]))
+                 for _ in range(config.steps)]
+    assert min(fractions) < 0.9  # records start inside these windows
+    trainer.fit()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [line for line in logged if "mfu" in line]
+    assert len(logged) == 2
+    for line, window in zip(logged, (fractions[:2], fractions[2:])):
+        want = mfu(line["tokens_per_second_per_gpu"], trainer.model_config, config.seq_len, config.peak_tflops,
+                   sum(window) / len(window))
+        assert line["mfu"] == pytest.approx(want, rel=1e-12)
+
+
+def test_attended_fraction_counts_causal_pairs_within_records():
+    assert attended_fraction(torch.zeros(3, 7, dtype=torch.int32)) == 1.0
+    # Records of 2 and 3 tokens: 3 + 6 of the window's 15 causal pairs.
+    assert attended_fraction(torch.tensor([[0, 0, 1, 1, 1]])) == 9 / 15
+    tiny = model_config("tiny")
+    attention = 6.0 * tiny.num_layers * 64 * tiny.hidden_size
+    assert flops_per_token(tiny, 64) - flops_per_token(tiny, 64, 0.25) == pytest.approx(0.75 * attention)
 
 
 @pytest.mark.parametrize("backend", ["grouped", "mxfp8"])

@@ -26,7 +26,7 @@ import torch
 
 from foldmill.moe.config import ModelConfig
 from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
-from foldmill.moe.model.attention import DocumentMask, attend, document_mask, record_starts
+from foldmill.moe.model.attention import DocumentMask, attend, attended_pairs, document_mask, record_starts
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,9 +56,7 @@ def record_bounds(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def attention_flops(document_ids: torch.Tensor, heads: int, head_dim: int) -> float:
     """Forward + backward FLOPs of attention within the records of `document_ids`, causal in each."""
-    lengths = record_bounds(document_ids)[0].diff().to(torch.int64)
-    pairs = int((lengths * (lengths + 1) // 2).sum())
-    return 14.0 * head_dim * heads * pairs
+    return 14.0 * head_dim * heads * attended_pairs(document_ids)
 
 
 def attention_cases(documents: torch.Tensor) -> list[AttentionCase]:

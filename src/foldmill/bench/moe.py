@@ -23,9 +23,10 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          tile configuration QuACK's autotuner tries, at the step model's and the wide model's expert
          shapes, beside the grouped backend's GEMM + SwiGLU kernel, in CUDA graphs
          (bench/_quack_tiles.py)
-TFLOP/s counts model FLOPs only. MFU columns: against the dense spec peak of the row's precision
-(989 bf16, 1,979 FP8; MXFP8 rows count as 8-bit), against the bf16 spec peak, and against the
-8192^3 GEMM rate of the row's precision measured at the start of the run.
+TFLOP/s counts model FLOPs only (document-masked rows: the attention pairs their records keep).
+MFU columns: against the dense spec peak of the row's precision (989 bf16, 1,979 FP8; MXFP8 rows
+count as 8-bit), against the bf16 spec peak, and against the 8192^3 GEMM rate of the row's
+precision measured at the start of the run.
 Writes moe_bench.json and moe_bench.md to --out.
 """
 
@@ -519,7 +520,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     from foldmill.moe.train.compile import compile_dense_blocks
     from foldmill.moe.train.graphs import CapturedForwardBackward
     from foldmill.moe.train.loss import autocast
-    from foldmill.moe.train.metrics import flops_per_token
+    from foldmill.moe.train.metrics import attended_fraction, flops_per_token
     from foldmill.moe.train.optim import AdamW
     from foldmill.moe.train.precision import prepare_parameters
 
@@ -533,8 +534,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     vocab = f", vocab {vocab_size}" if vocab_size else ""
     label = f"{name} x{config.num_layers} layers{vocab}, {batch}x{seq_len} tokens"
 
-    # For the document-masked rows: attention within each record (FlexAttention block mask).
+    # For the document-masked rows: attention within each record (FlexAttention block mask), their
+    # FLOPs counting only the query-key pairs the records keep.
     documents = packed_records(batch, seq_len).to(device)
+    masked_flops = flops_per_token(config, seq_len, attended_fraction(documents)) * batch * seq_len
 
     def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data,
                 recipe: str = "bf16") -> torch.Tensor:
@@ -599,7 +602,8 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer, recipe, masters), repeats,
                                 warmup=3)
             rate = batch * seq_len / ms * 1e3
-            return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(flops / ms / 1e9, 1),
+            work = masked_flops if masked else flops
+            return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(work / ms / 1e9, 1),
                     "activation_gib": activation_gib(model, hf, masked, recipe)}
 
         result = {"section": "step", "shape": label, "variant": variant}
@@ -684,7 +688,6 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         row("foldmill grouped, CUDA graph, torch's clipping + fused AdamW", foldmill_model("grouped"), "bf16",
             graphed=True, torch_optimizer=True)
         row("foldmill grouped, dense blocks compiled (moe.compile)", foldmill_model("grouped", compiled=True), "bf16")
-        # Same FLOP count as the causal rows (the masked-out blocks are not subtracted).
         row("foldmill grouped, document-masked (records of 50-800 tokens)", foldmill_model("grouped"), "bf16",
             masked=True)
         row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,

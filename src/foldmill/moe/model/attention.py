@@ -52,6 +52,12 @@ def positions_in_document(document_ids: torch.Tensor) -> torch.Tensor:
     return index - torch.where(record_starts(document_ids), index, 0).cummax(dim=-1).values
 
 
+def attended_pairs(document_ids: torch.Tensor) -> int:
+    """The query-key pairs attention within the records of `document_ids` keeps: each query sees its
+    position in its record + 1 keys."""
+    return int((positions_in_document(document_ids) + 1).sum())
+
+
 def document_mask(document_ids: torch.Tensor, implementation: str = "auto") -> DocumentMask:
     """The mask of `document_ids` (batch, seq) for `implementation`: flex (CUDA), sdpa, or auto."""
     if implementation not in IMPLEMENTATIONS:

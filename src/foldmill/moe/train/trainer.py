@@ -20,7 +20,7 @@ from foldmill.errors import CheckpointError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, TrainConfig, model_config
 from foldmill.moe.data.corpus import load_meta
-from foldmill.moe.data.loader import BatchSampler, PackedWindows
+from foldmill.moe.data.loader import BatchSampler, PackedWindows, document_ids
 from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
 from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -29,7 +29,7 @@ from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distribute
 from foldmill.moe.train.evaluate import evaluate
 from foldmill.moe.train.graphs import CapturedForwardBackward
 from foldmill.moe.train.loss import batch_loss
-from foldmill.moe.train.metrics import MetricsLog, mfu
+from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
 from foldmill.moe.train.precision import prepare_parameters
 
@@ -88,6 +88,7 @@ class Trainer:
                                     self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.step = 0
+        self.attended_fractions: list[float] = []  # per step since the last log line (train_step)
         self.captured: CapturedForwardBackward | None = None
         if config.cuda_graphs and self.env.device.type == "cuda":
             if self.env.world_size == 1:
@@ -136,7 +137,10 @@ class Trainer:
         """One optimizer step; returns (cross-entropy, grad norm, expert load), on the device."""
         self.step += 1
         set_learning_rate(self.optimizer, learning_rate(self.step, self.config))
-        batch = self.train_windows.batch(self.sampler.next_indices()).to(self.env.device, non_blocking=True)
+        windows = self.train_windows.batch(self.sampler.next_indices())
+        # For the MFU: the attention FLOPs of the pairs this batch's records keep.
+        self.attended_fractions.append(attended_fraction(document_ids(windows[:, :-1])))
+        batch = windows.to(self.env.device, non_blocking=True)
         if self.captured is not None:
             _, cross_entropy, load = self.captured(batch)
         else:
@@ -172,7 +176,8 @@ class Trainer:
                     "step": self.step, "loss": float(window_loss),
                     "lr": learning_rate(self.step, config), "grad_norm": float(grad_norm),
                     "tokens_per_second_per_gpu": rate,
-                    "mfu": mfu(rate, self.model_config, config.seq_len, config.peak_tflops),
+                    "mfu": mfu(rate, self.model_config, config.seq_len, config.peak_tflops,
+                               sum(self.attended_fractions) / len(self.attended_fractions)),
                     # max expert load x experts: 1.0 is perfectly balanced, per layer
                     "router_max_load": [round(float(v), 4) for v in load.max(dim=-1).values * load.shape[-1]],
                 }
@@ -180,7 +185,7 @@ class Trainer:
                 if env.is_main:
                     log.info("step %d loss %.4f lr %.2e %.0f tok/s/gpu mfu %.3f", self.step, last["loss"],
                              last["lr"], rate, last["mfu"])
-                window_losses, steps_in_window = [], 0
+                window_losses, steps_in_window, self.attended_fractions = [], 0, []
                 _synchronize(env.device)
                 started = time.perf_counter()
             if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
