@@ -304,3 +304,14 @@ def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse(monkeypat
         assert cutlass_location_problem(origin) is None
     problem = cutlass_location_problem("/tmp/site/nvidia_cutlass_dsl/dsl_packages/cutlass/__init__.py")
     assert "/tmp/site/nvidia_cutlass_dsl" in problem and "--target" in problem and "\n" not in problem
+
+
+def test_quack_tiles_are_pinned_per_gpu_where_measured():
+    """The H100 and the H200 share sm_90 but not their fastest tiles: the H100's gated GEMMs keep
+    QuACK's default (measured faster there), its dgated GEMMs take measured tiles, and no pin
+    applies to a GPU or shape it was not measured on."""
+    from foldmill.moe.experts.quack_fused import MEASURED_TILES
+
+    assert {key[:2] for key in MEASURED_TILES} == {("gated", "NVIDIA H200"), ("dgated", "NVIDIA H200"),
+                                                   ("dgated", "NVIDIA H100 80GB HBM3")}
+    assert {key[2:] for key in MEASURED_TILES} == {(2048, 4096), (4096, 14336)}  # bio_8x1b, Mixtral-8x7B

@@ -124,16 +124,23 @@ def dgated_gemm(dy, w2, h, row_probs, offsets, config=None):
                        cu_seqlens_m=offsets, tuned=False, config=config)
 
 
-# Tiles of the two epilogue GEMMs by (kernel, compute capability major, hidden, ffn), where measured
-# faster than QuACK's default in CUDA graphs, as the captured step runs them (`foldmill bench moe
-# --sections quack-tiles`, docs/benchmarks/moe.md). At bio_8x1b's experts on the H200, of the 18
-# configurations QuACK's autotuner tries, 128 x 128 pingpong with a 1 x 2 cluster: the gated GEMM
-# 0.72 ms against the default's 0.78, the dgated 0.49 against 0.68. Other shapes and GPUs keep the
-# default.
-BIO_8X1B_H200 = {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2}
+# Tiles of the two epilogue GEMMs by (kernel, GPU name as torch gives it, hidden, ffn), where
+# measured faster than QuACK's default in CUDA graphs, as the captured step runs them (`foldmill
+# bench moe --sections quack-tiles`, docs/benchmarks/moe.md). By GPU, not compute capability: the
+# H100 and the H200 (SXM) share sm_90 but not the best tiles. Of the 18 configurations QuACK's
+# autotuner tries, 128 x 128 pingpong: at bio_8x1b's experts on the H200 with a 1 x 2 cluster, the
+# gated GEMM 0.72 ms against the default's 0.78, the dgated 0.49 against 0.68; on the H100 the
+# dgated 0.53 against 0.71-0.73 (1 x 2) and at Mixtral-8x7B's experts 3.21 against 3.45-3.52
+# (2 x 1), while its gated GEMMs run fastest, or within 0.4%, on the default (0.71-0.72 ms at
+# bio_8x1b, 0.85 pinned). Other shapes and GPUs keep the default.
+PINGPONG_128X128 = {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2}
+PINGPONG_128X128_CLUSTER_2X1 = {**PINGPONG_128X128, "cluster_m": 2, "cluster_n": 1}
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 MEASURED_TILES = {
-    ("gated", 9, 2048, 4096): BIO_8X1B_H200,
-    ("dgated", 9, 2048, 4096): BIO_8X1B_H200,
+    ("gated", H200, 2048, 4096): PINGPONG_128X128,
+    ("dgated", H200, 2048, 4096): PINGPONG_128X128,
+    ("dgated", H100, 2048, 4096): PINGPONG_128X128,
+    ("dgated", H100, 4096, 14336): PINGPONG_128X128_CLUSTER_2X1,
 }
 
 
@@ -141,12 +148,12 @@ MEASURED_TILES = {
 def tile_config(kernel: str, device: torch.device, hidden: int, ffn: int):
     """The measured GemmConfig of `kernel` (gated or dgated) for this GPU and expert shape, or None
     (QuACK's default)."""
-    major = torch.cuda.get_device_capability(device)[0]
-    tiles = MEASURED_TILES.get((kernel, major, hidden, ffn))
+    tiles = MEASURED_TILES.get((kernel, torch.cuda.get_device_name(device), hidden, ffn))
     if tiles is None:
         return None
     from quack.gemm_config import GemmConfig
 
+    major = torch.cuda.get_device_capability(device)[0]
     return GemmConfig(**tiles, is_dynamic_persistent=False, device_capacity=major)
 
 
