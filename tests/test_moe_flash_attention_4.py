@@ -126,7 +126,7 @@ def packed_batches(steps: int, batch: int, seq: int, vocab: int) -> torch.Tensor
     return torch.where(starts, torch.full_like(tokens, BOS), tokens)
 
 
-def _cuda_with_flash_attention_4() -> None:
+def _needs_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
 
@@ -135,7 +135,7 @@ def _cuda_with_flash_attention_4() -> None:
 @needs_flash_attention_4
 @pytest.mark.parametrize("records", [False, True])
 def test_decoder_on_flash_attention_4_matches_torch_attention(records: bool) -> None:
-    _cuda_with_flash_attention_4()
+    _needs_cuda()
     torch.manual_seed(0)
     reference = MoEDecoder(CONFIG).to("cuda", torch.bfloat16)
     flash = MoEDecoder(dataclasses.replace(CONFIG, attention="flash_attn_4")).to("cuda", torch.bfloat16)
@@ -157,7 +157,7 @@ def test_decoder_on_flash_attention_4_matches_torch_attention(records: bool) -> 
 def test_captured_steps_on_flash_attention_4_follow_the_records_of_each_batch() -> None:
     """moe.cuda_graphs with FlashAttention 4: the block mask is rebuilt on the device in every replay,
     so batches packed differently give the eager steps' losses and weights."""
-    _cuda_with_flash_attention_4()
+    _needs_cuda()
     torch.manual_seed(0)
     config = dataclasses.replace(CONFIG, attention="flash_attn_4")
     eager = MoEDecoder(config).to("cuda", torch.bfloat16)

@@ -33,8 +33,8 @@ SUPPORTED_MAJORS = (9, 10)
 def flash_attention_4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, document_ids: torch.Tensor | None = None,
                       block_mask: object | None = None) -> torch.Tensor:
     """q (batch, seq, heads, dim), k/v (batch, seq, kv_heads, dim) -> (batch, seq, heads, dim): causal,
-    or within each record of `document_ids` (batch, seq) given their FlexAttention `block_mask`."""
-    require_flash_attention_4(q.device)
+    or within each record of `document_ids` (batch, seq) given their FlexAttention `block_mask`.
+    Callers check require_flash_attention_4 first (the decoder does, once per forward pass)."""
     from flash_attn.cute import flash_attn_func
 
     if document_ids is None:
