@@ -46,6 +46,24 @@ def test_flash_attention_4_off_cuda_is_a_one_line_error() -> None:
             model(tokens, documents)
 
 
+def test_missing_flash_attention_4_and_other_gpus_are_one_line_errors(monkeypatch) -> None:
+    from foldmill.moe.kernels import flash_attention_4 as module
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(module, "flash_attention_4_installed", lambda: False)
+    module._install_problem.cache_clear()
+    try:
+        with pytest.raises(FoldmillError, match=r"needs flash-attn-4: pip install flash-attn-4$"):
+            module.require_flash_attention_4(cuda)
+        monkeypatch.setattr(module, "flash_attention_4_installed", lambda: True)
+        module._install_problem.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+        with pytest.raises(FoldmillError, match=r"compute capability 9.x or 10.x .*not 8.x; use attention torch$"):
+            module.require_flash_attention_4(cuda)
+    finally:
+        module._install_problem.cache_clear()
+
+
 @needs_flash_attention_4
 def test_block_sparsity_reads_key_blocks_forward_and_query_blocks_backward() -> None:
     from torch.nn.attention.flex_attention import create_block_mask
