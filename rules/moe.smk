@@ -5,8 +5,9 @@ MOE = config["moe"]
 MOE_DIR = OUTDIR / "moe"
 # TrainConfig fields taken from the config's moe section (the rest keep their defaults).
 MOE_TRAIN_KEYS = ("model", "expert_backend", "recompute_experts", "fp8_fast_accumulation", "steps", "batch_size",
-                  "seq_len", "lr", "warmup_steps", "precision", "parallel", "expert_parallel", "checkpoint_every",
-                  "eval_batches", "log_every", "seed", "aux_loss_coef", "compile", "cuda_graphs")
+                  "gradient_accumulation_steps", "seq_len", "lr", "warmup_steps", "precision", "parallel",
+                  "expert_parallel", "checkpoint_every", "eval_batches", "log_every", "seed", "aux_loss_coef",
+                  "compile", "cuda_graphs")
 # One node: `gpu` GPUs (sbatch --gpus). Several nodes: gres gpu:N per node instead (--gpus counts the whole job).
 MOE_NODES = MOE["nodes"]
 MOE_GPU = MOE["gpus"] if MOE_NODES == 1 else 0

@@ -689,28 +689,49 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
         captured(batches[0][:1])
 
 
-def assert_captured_steps_train_as_eager(eager, loss, batches):
+def assert_captured_steps_train_as_eager(eager, loss, batches, micro_batches=1):
     """Train a copy of `eager` with captured steps and `eager` itself with eager steps, torch's AdamW
-    after each, over `batches`: the same losses and weights. Returns the copy and its captured step."""
+    after each, over `batches` (each step's split into `micro_batches`): the same losses and weights.
+    Returns the copy and its captured step."""
     import copy
 
     from foldmill.moe.train.graphs import CapturedForwardBackward
+    from foldmill.moe.train.loss import accumulate_gradients
 
     graphed = copy.deepcopy(eager)
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-2, fused=True)
     graphed_optimizer = torch.optim.AdamW(graphed.parameters(), lr=1e-2, fused=True)
-    captured = CapturedForwardBackward(lambda batch: loss(graphed, batch), list(graphed.parameters()))
+    captured = CapturedForwardBackward(lambda batch: loss(graphed, batch), list(graphed.parameters()), micro_batches)
     for batch in batches:
-        want = loss(eager, batch)[0]
-        want.backward()
+        want = accumulate_gradients(lambda part: loss(eager, part), batch, micro_batches)[0]
         eager_optimizer.step()
         eager_optimizer.zero_grad(set_to_none=True)
         got = captured(batch)[0]
         graphed_optimizer.step()
-        assert torch.allclose(got, want.detach(), rtol=1e-3, atol=0)
+        assert torch.allclose(got, want, rtol=1e-3, atol=0)
     for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
         assert torch.allclose(p.float(), q.float(), rtol=1e-2, atol=1e-4), name
     return graphed, captured
+
+
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8", QUACK])
+def test_captured_steps_of_micro_batches_train_as_eager_accumulation(backend):
+    """moe.gradient_accumulation_steps: one graph runs the passes of a step's micro-batches (the 8-bit
+    weight copies made once) and sums their gradients as eager passes do."""
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.model.decoder import MoEDecoder
+
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
+    eager = MoEDecoder(config).to(CUDA, torch.bfloat16)
+    batches = torch.randint(4, config.vocab_size, (4, 6, 129), device=CUDA)
+
+    def loss(model, batch):
+        logits = model(batch[:, :-1]).logits
+        return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
+
+    _, captured = assert_captured_steps_train_as_eager(eager, loss, batches, micro_batches=3)
+    assert captured.static_batch.shape == (6, 129)
 
 
 @pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise", "mxfp8"])
@@ -762,10 +783,11 @@ def test_captured_bf16_mixed_steps_with_bf16_experts_match_float32_experts(backe
             assert torch.equal(got, want), name
 
 
-@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise"])
-def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir, backend):
+@pytest.mark.parametrize("backend, micro_batches", [("grouped", 1), ("fp8_rowwise", 1), ("fp8_rowwise", 2)])
+def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir, backend, micro_batches):
     """The pretraining loop with moe.cuda_graphs (the default): same losses as eager, evaluation and checkpoints
-    between replays, and a resumed run that captures again from the checkpoint."""
+    between replays, and a resumed run that captures again from the checkpoint; with gradient
+    accumulation too."""
     import json
 
     from foldmill.moe.config import TrainConfig
@@ -774,8 +796,9 @@ def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir
 
     corpus = tmp_path / "corpus"
     prepare_corpus([data_dir / "proteomes/yeast_chr1.fasta"], corpus, val_fraction=0.05)
-    settings = dict(steps=8, batch_size=4, seq_len=64, lr=5e-3, warmup_steps=2, log_every=2, checkpoint_every=4,
-                    eval_every=4, eval_batches=2, precision="bf16", expert_backend=backend)
+    settings = {"steps": 8, "batch_size": 4 // micro_batches, "gradient_accumulation_steps": micro_batches,
+                "seq_len": 64, "lr": 5e-3, "warmup_steps": 2, "log_every": 2, "checkpoint_every": 4, "eval_every": 4,
+                "eval_batches": 2, "precision": "bf16", "expert_backend": backend}
     eager = Trainer(corpus, tmp_path / "eager", TrainConfig(**settings, cuda_graphs=False)).fit()
     graphed = Trainer(corpus, tmp_path / "graphed", TrainConfig(**settings, cuda_graphs=True)).fit()
     assert graphed["final_train_loss"] == pytest.approx(eager["final_train_loss"], rel=1e-2)

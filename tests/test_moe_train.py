@@ -7,16 +7,20 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from foldmill.cli import main as cli_main
-from foldmill.errors import CheckpointError
+from foldmill.errors import CheckpointError, FoldmillError
 from foldmill.moe.config import TrainConfig, model_config
 from foldmill.moe.data.corpus import prepare_corpus
-from foldmill.moe.data.loader import BatchSampler, document_ids
+from foldmill.moe.data.loader import BatchSampler, PackedWindows, document_ids
+from foldmill.moe.data.tokenizers import PAD
+from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.train.evaluate import evaluate_checkpoint
 from foldmill.moe.train.launch import train_arguments
+from foldmill.moe.train.loss import accumulate_gradients, batch_loss
 from foldmill.moe.train.metrics import attended_fraction, flops_per_token, mfu
 from foldmill.moe.train.optim import learning_rate
 from foldmill.moe.train.trainer import Trainer, model_parameters
@@ -68,9 +72,40 @@ def test_attended_fraction_counts_causal_pairs_within_records():
     assert flops_per_token(tiny, 64) - flops_per_token(tiny, 64, 0.25) == pytest.approx(0.75 * attention)
 
 
-@pytest.mark.parametrize("backend", ["grouped", "mxfp8"])
-def test_resume_is_bit_exact(corpus, tmp_path, backend):
-    config = TrainConfig(**{**SMALL.__dict__, "expert_backend": backend})
+def test_micro_batches_give_the_gradients_of_their_whole_batch(corpus):
+    """moe.gradient_accumulation_steps: the summed gradients of 2 micro-batches of 2 sequences are
+    those of the 4 sequences in one pass (no padding, no router loss: both are means over tokens)."""
+    windows = PackedWindows(corpus, "train", 64).batch(np.arange(4))
+    assert not (windows == PAD).any()
+    torch.manual_seed(0)
+    model = MoEDecoder(model_config("tiny", expert_backend="grouped"))
+    gradients, metrics = {}, {}
+    for micro_batches in (1, 2, 4):
+        model.zero_grad(set_to_none=True)
+        metrics[micro_batches] = accumulate_gradients(
+            lambda batch: (batch_loss(model, batch, "fp32", 0.0).loss,), windows, micro_batches)
+        gradients[micro_batches] = {name: p.grad.clone() for name, p in model.named_parameters()}
+    for micro_batches in (2, 4):
+        assert metrics[micro_batches][0] == pytest.approx(float(metrics[1][0]), rel=1e-6)
+        for name, want in gradients[1].items():
+            torch.testing.assert_close(gradients[micro_batches][name], want, rtol=1e-4, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
+        accumulate_gradients(lambda batch: (batch_loss(model, batch, "fp32", 0.0).loss,), windows, 3)
+
+
+def test_a_step_of_micro_batches_trains_on_the_sequences_of_one_larger_batch(corpus, tmp_path):
+    config = TrainConfig(**{**SMALL.__dict__, "steps": 2, "batch_size": 2, "gradient_accumulation_steps": 3})
+    trainer = Trainer(corpus, tmp_path, config)
+    larger = BatchSampler(len(trainer.train_windows), 6, config.seed)
+    assert np.array_equal(trainer.sampler.next_indices(), larger.next_indices())
+    with pytest.raises(FoldmillError, match="gradient_accumulation_steps must be >= 1"):
+        TrainConfig(gradient_accumulation_steps=0)
+
+
+@pytest.mark.parametrize("backend, micro_batches", [("grouped", 1), ("mxfp8", 1), ("grouped", 2)])
+def test_resume_is_bit_exact(corpus, tmp_path, backend, micro_batches):
+    config = TrainConfig(**{**SMALL.__dict__, "expert_backend": backend, "batch_size": SMALL.batch_size // micro_batches,
+                            "gradient_accumulation_steps": micro_batches})
     straight = Trainer(corpus, tmp_path / "a", config)
     straight.fit()
     # a crash after step 3: only that checkpoint survives
@@ -249,7 +284,9 @@ def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_train_together(corpus, tmp_path, parallel):
-    config = TrainConfig(steps=2, batch_size=2, seq_len=32, eval_batches=1, log_every=1, parallel=parallel)
+    # Two micro-batches per step: DDP reduces once per step (no_sync), FSDP2 every micro-batch.
+    config = TrainConfig(steps=2, batch_size=1, gradient_accumulation_steps=2, seq_len=32, eval_batches=1,
+                         log_every=1, parallel=parallel)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "-m", "foldmill", *train_arguments(corpus, tmp_path, config)]
     completed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)

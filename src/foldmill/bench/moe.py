@@ -76,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="model config whose layer shape the wide step rows take, with the step model's "
                              "vocabulary: captured steps, HF grouped_mm, at both token counts ('' skips)")
     parser.add_argument("--wide-step-layers", type=int, default=4, help="layers of the wide step rows' model")
+    parser.add_argument("--micro-batches", type=int, default=4,
+                        help="step rows with this many micro-batches of --tokens per optimizer step, their gradients "
+                             "summed (moe.gradient_accumulation_steps); 0 or 1 = none")
     parser.add_argument("--backends", default=None,
                         help="comma-separated expert backends (default: grouped,fp8_rowwise,mxfp8, and quack where "
                              "QuACK is installed)")
@@ -509,17 +512,19 @@ def add_speedups(results: list[dict]) -> None:
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
                peaks: dict[str, float], captured_only: bool = False, profile: bool = False,
-               vocab_size: int = 0) -> list[dict]:
+               vocab_size: int = 0, micro_batches: int = 1) -> list[dict]:
     """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches,
-    wider models); `profile`: instead, each backend's captured step's GPU time per kernel category;
-    `layers`, `vocab_size`: overrides of the named config's (0 keeps its own)."""
+    wider models, accumulated gradients); `profile`: instead, each backend's captured step's GPU time
+    per kernel category; `layers`, `vocab_size`: overrides of the named config's (0 keeps its own);
+    `micro_batches`: forward and backward passes of `tokens` each per optimizer step, their gradients
+    summed (moe.gradient_accumulation_steps), for every row."""
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
     from foldmill.moe.parallel.gradients import clip_factor
     from foldmill.moe.train.compile import compile_dense_blocks
     from foldmill.moe.train.graphs import CapturedForwardBackward
-    from foldmill.moe.train.loss import autocast
+    from foldmill.moe.train.loss import accumulate_gradients, autocast
     from foldmill.moe.train.metrics import attended_fraction, flops_per_token
     from foldmill.moe.train.optim import AdamW
     from foldmill.moe.train.precision import prepare_parameters
@@ -528,18 +533,22 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     config = model_config(name, max_seq_len=seq_len, **overrides)
     device = torch.device("cuda")
     batch = max(tokens // seq_len, 1)
-    data = torch.randint(4, config.vocab_size, (batch, seq_len + 1), device=device)
-    flops = flops_per_token(config, seq_len) * batch * seq_len
+    # The sequences of one optimizer step: `micro_batches` micro-batches of `batch` each.
+    data = torch.randint(4, config.vocab_size, (batch * micro_batches, seq_len + 1), device=device)
+    step_tokens = batch * micro_batches * seq_len
+    flops = flops_per_token(config, seq_len) * step_tokens
     results: list[dict] = []
     vocab = f", vocab {vocab_size}" if vocab_size else ""
     label = f"{name} x{config.num_layers} layers{vocab}, {batch}x{seq_len} tokens"
+    if micro_batches > 1:
+        label += f" x {micro_batches} micro-batches per optimizer step"
 
     # For the document-masked rows: attention within each record (FlexAttention block mask), their
     # FLOPs counting only the query-key pairs the records keep.
     documents = packed_records(batch, seq_len).to(device)
-    masked_flops = flops_per_token(config, seq_len, attended_fraction(documents)) * batch * seq_len
+    masked_flops = flops_per_token(config, seq_len, attended_fraction(documents)) * step_tokens
 
-    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data,
+    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data[:batch],
                 recipe: str = "bf16") -> torch.Tensor:
         """recipe: the moe.precision the foldmill model trains in (bf16, or bf16-mixed under autocast)."""
         if hf:
@@ -566,9 +575,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             def update() -> None:
                 optimizer.step(grad_scale=clip_factor(model, 1.0)[1])
 
+        def losses(batch: torch.Tensor) -> tuple[torch.Tensor]:
+            return (loss_of(model, hf, masked, batch, recipe),)
+
         if graphed:  # what the trainer does with moe.cuda_graphs
-            captured = CapturedForwardBackward(lambda batch: (loss_of(model, hf, masked, batch, recipe),),
-                                               list(model.parameters()))
+            captured = CapturedForwardBackward(losses, list(model.parameters()), micro_batches)
 
             def graphed_step() -> None:
                 captured(data)
@@ -577,7 +588,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             return graphed_step
 
         def step() -> None:
-            loss_of(model, hf, masked, recipe=recipe).backward()
+            accumulate_gradients(losses, data, micro_batches)
             update()
             optimizer.zero_grad(set_to_none=True)
 
@@ -601,7 +612,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             # Not kept: a captured step's graph memory would stay through activation_gib's eager pass.
             ms = cuda_median_ms(train_step_fn(model, hf, masked, graphed, torch_optimizer, recipe, masters), repeats,
                                 warmup=3)
-            rate = batch * seq_len / ms * 1e3
+            rate = step_tokens / ms * 1e3
             work = masked_flops if masked else flops
             return {"ms": round(ms, 2), "tokens_per_s": round(rate), "tflops": round(work / ms / 1e9, 1),
                     "activation_gib": activation_gib(model, hf, masked, recipe)}
@@ -858,6 +869,10 @@ def run(args: argparse.Namespace) -> int:
         if args.large_step_tokens:
             rows += bench_step(args.step_model, args.step_layers, args.large_step_tokens, args.seq_len, backends,
                                args.repeats, peaks, captured_only=True)
+            save()
+        if args.micro_batches > 1:
+            rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats,
+                               peaks, captured_only=True, micro_batches=args.micro_batches)
             save()
         if args.wide_step_model:
             # With the step model's vocabulary: a sequence model with wider experts, not a language model.

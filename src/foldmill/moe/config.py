@@ -96,7 +96,10 @@ class TrainConfig:
     recompute_experts: bool = False  # ModelConfig.recompute_experts
     fp8_fast_accumulation: bool = True  # ModelConfig.fp8_fast_accumulation
     steps: int = 100
-    batch_size: int = 8  # sequences per GPU (per process) and step
+    batch_size: int = 8  # sequences per GPU (per process) and forward pass (micro-batch)
+    # Micro-batches per optimizer step and process: their gradients are summed before the update, so
+    # a step trains on batch_size x this many sequences per process with one micro-batch's activations.
+    gradient_accumulation_steps: int = 1
     seq_len: int = 128
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -131,5 +134,5 @@ class TrainConfig:
             raise FoldmillError(f"parallel must be ddp or fsdp, not {self.parallel!r}")
         if self.expert_parallel < 1:
             raise FoldmillError(f"expert_parallel must be >= 1, not {self.expert_parallel}")
-        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
-            raise FoldmillError("steps and batch_size must be >= 1 and seq_len >= 2")
+        if self.steps < 1 or self.batch_size < 1 or self.gradient_accumulation_steps < 1 or self.seq_len < 2:
+            raise FoldmillError("steps, batch_size and gradient_accumulation_steps must be >= 1 and seq_len >= 2")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +73,15 @@ def wrap_model(model: nn.Module, parallel: str, env: Dist, expert_parallel: int 
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(experts))
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def deferred_gradient_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
+    """For the micro-batches of an optimizer step before its last: DDP's no_sync, so that the
+    gradients are all-reduced once, summed, with the last. FSDP2 reduce-scatters each micro-batch's
+    gradients into its shards, which sum them (and keeps no unsharded gradients between them)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync
+    return contextlib.nullcontext
 
 
 def unwrap(model: nn.Module) -> nn.Module:

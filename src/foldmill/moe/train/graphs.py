@@ -13,6 +13,8 @@ What a replay needs, and this code provides:
 - 8-bit weight copies remade on every replay: the copy caches are invalidated before capture, so
   the graph records the copies, and after every replay, so eager code (evaluation) never reads a
   copy of older weights.
+- gradient accumulation inside the graph: a step of several micro-batches runs their passes one
+  after the other in one graph, so the 8-bit weight copies are made once per optimizer step.
 Clipping and the optimizer stay eager: a norm and one update kernel per parameter (train/optim.py).
 """
 
@@ -23,20 +25,23 @@ from collections.abc import Callable, Sequence
 import torch
 
 from foldmill.moe.experts.weights import invalidate_weight_copies
+from foldmill.moe.train.loss import accumulate_gradients
 
 # Warm-up passes before capture: kernels compile and autotune, the allocator settles.
 WARMUP_PASSES = 2
 
 
 class CapturedForwardBackward:
-    """loss_fn(batch) -> (loss, *metrics); calling this runs forward and loss.backward() for `batch`
-    by replaying one CUDA graph (captured at the first call) and returns detached copies of
-    (loss, *metrics). Gradients land in the parameters' .grad, as after an eager backward."""
+    """loss_fn(batch) -> (loss, *metrics); calling this with a step's batch runs the forward and
+    backward passes of its `micro_batches` equal parts (train/loss.accumulate_gradients) by replaying
+    one CUDA graph (captured at the first call) and returns (loss, *metrics) averaged over the
+    parts. Gradients land in the parameters' .grad, as after eager backward passes."""
 
     def __init__(self, loss_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-                 parameters: Sequence[torch.nn.Parameter]) -> None:
+                 parameters: Sequence[torch.nn.Parameter], micro_batches: int = 1) -> None:
         self.loss_fn = loss_fn
         self.parameters = list(parameters)
+        self.micro_batches = micro_batches
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_batch: torch.Tensor | None = None
         self.outputs: Sequence[torch.Tensor] = ()
@@ -50,7 +55,7 @@ class CapturedForwardBackward:
         self.static_batch.copy_(batch, non_blocking=True)
         self.graph.replay()
         invalidate_weight_copies()
-        return tuple(output.detach().clone() for output in self.outputs)
+        return tuple(output.clone() for output in self.outputs)
 
     def _capture(self, batch: torch.Tensor) -> None:
         self.static_batch = batch.clone()
@@ -61,13 +66,12 @@ class CapturedForwardBackward:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_PASSES):
-                self.loss_fn(self.static_batch)[0].backward()
+                accumulate_gradients(self.loss_fn, self.static_batch, self.micro_batches)
                 for parameter in self.parameters:
                     parameter.grad = None
         torch.cuda.current_stream().wait_stream(side)
         invalidate_weight_copies()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outputs = self.loss_fn(self.static_batch)
-            outputs[0].backward()
-        self.graph, self.outputs = graph, tuple(outputs)
+            outputs = accumulate_gradients(self.loss_fn, self.static_batch, self.micro_batches)
+        self.graph, self.outputs = graph, outputs

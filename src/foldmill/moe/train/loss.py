@@ -1,8 +1,10 @@
-"""The language-model loss of one batch: next-token cross-entropy plus the weighted router loss."""
+"""The language-model loss of one batch: next-token cross-entropy plus the weighted router loss; the
+gradients of an optimizer step's micro-batches."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,3 +41,29 @@ def batch_loss(model: nn.Module, batch: torch.Tensor, precision: str, aux_loss_c
     cross_entropy = F.cross_entropy(output.logits.float().flatten(0, 1), targets.flatten(), ignore_index=PAD)
     loss = cross_entropy + aux_loss_coef * output.aux_loss if aux_loss_coef else cross_entropy
     return BatchLoss(loss, cross_entropy, output.aux_loss, output.expert_load)
+
+
+def accumulate_gradients(loss_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]], batch: torch.Tensor,
+                         micro_batches: int = 1,
+                         defer_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                         ) -> tuple[torch.Tensor, ...]:
+    """Forward and backward passes over `batch` split into `micro_batches` equal parts, one after the
+    other, so only one part's activations are alive at a time. loss_fn(part) -> (loss, *metrics).
+
+    The parameters' gradients become those of the mean of the parts' losses (summed into .grad in
+    the gradients' own dtype); returns the mean of each of loss_fn's outputs over the parts,
+    detached. Every part but the last runs inside defer_sync() (DDP's no_sync), so that gradients
+    are reduced across processes once per optimizer step.
+    """
+    if batch.shape[0] % micro_batches:
+        raise ValueError(f"a batch of {batch.shape[0]} sequences does not split into {micro_batches} equal micro-batches")
+    parts = batch.chunk(micro_batches)
+    totals: list[torch.Tensor] = []
+    for index, part in enumerate(parts):
+        # DDP decides in the forward pass whether the backward pass reduces.
+        with defer_sync() if index < micro_batches - 1 else contextlib.nullcontext():
+            outputs = loss_fn(part)
+            (outputs[0] if micro_batches == 1 else outputs[0] / micro_batches).backward()
+        detached = [output.detach() for output in outputs]
+        totals = detached if not totals else [total + value for total, value in zip(totals, detached)]
+    return tuple(total if micro_batches == 1 else total / micro_batches for total in totals)

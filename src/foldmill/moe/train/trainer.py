@@ -25,10 +25,17 @@ from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
 from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from foldmill.moe.train.compile import compile_dense_blocks
-from foldmill.moe.train.distributed import Dist, all_reduce_sum, init_distributed, unwrap, wrap_model
+from foldmill.moe.train.distributed import (
+    Dist,
+    all_reduce_sum,
+    deferred_gradient_sync,
+    init_distributed,
+    unwrap,
+    wrap_model,
+)
 from foldmill.moe.train.evaluate import evaluate
 from foldmill.moe.train.graphs import CapturedForwardBackward
-from foldmill.moe.train.loss import batch_loss
+from foldmill.moe.train.loss import accumulate_gradients, batch_loss
 from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
 from foldmill.moe.train.precision import prepare_parameters
@@ -84,15 +91,17 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, config, masters)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
-        self.sampler = BatchSampler(len(self.train_windows), config.batch_size, config.seed, self.env.rank,
-                                    self.env.world_size)
+        # One draw per optimizer step: its micro-batches' sequences.
+        self.sampler = BatchSampler(len(self.train_windows), config.batch_size * config.gradient_accumulation_steps,
+                                    config.seed, self.env.rank, self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.step = 0
         self.attended_fractions: list[float] = []  # per step since the last log line (train_step)
         self.captured: CapturedForwardBackward | None = None
         if config.cuda_graphs and self.env.device.type == "cuda":
             if self.env.world_size == 1:
-                self.captured = CapturedForwardBackward(self._loss_and_metrics, list(self.model.parameters()))
+                self.captured = CapturedForwardBackward(self._loss_and_metrics, list(self.model.parameters()),
+                                                        config.gradient_accumulation_steps)
             else:
                 log.info("moe.cuda_graphs: off with %d processes (captured steps run on one GPU only)",
                          self.env.world_size)
@@ -144,8 +153,9 @@ class Trainer:
         if self.captured is not None:
             _, cross_entropy, load = self.captured(batch)
         else:
-            loss, cross_entropy, load = self._loss_and_metrics(batch)
-            loss.backward()
+            _, cross_entropy, load = accumulate_gradients(self._loss_and_metrics, batch,
+                                                          self.config.gradient_accumulation_steps,
+                                                          deferred_gradient_sync(self.model))
         reduce_expert_gradients(unwrap(self.model))
         grad_norm, factor = clip_factor(unwrap(self.model), self.config.grad_clip)
         self.optimizer.step(grad_scale=factor)  # clips as it updates
@@ -158,7 +168,7 @@ class Trainer:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
         config, env = self.config, self.env
         self.resume()
-        tokens_per_step = config.batch_size * config.seq_len
+        tokens_per_step = config.batch_size * config.gradient_accumulation_steps * config.seq_len
         window_losses: list[torch.Tensor] = []
         last = {"tokens_per_second_per_gpu": float("nan"), "mfu": float("nan")}
         _synchronize(env.device)
