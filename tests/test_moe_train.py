@@ -284,16 +284,25 @@ def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_train_together(corpus, tmp_path, parallel):
-    # Two micro-batches per step: DDP reduces once per step (no_sync), FSDP2 every micro-batch.
-    config = TrainConfig(steps=2, batch_size=1, gradient_accumulation_steps=2, seq_len=32, eval_batches=1,
-                         log_every=1, parallel=parallel)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               "-m", "foldmill", *train_arguments(corpus, tmp_path, config)]
-    completed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
-    assert completed.stdout.count("step 2: train loss") == 1  # one report, from rank 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 2
-    assert summary["train_config"] == config.__dict__
+    """Two processes, each step of two micro-batches (DDP reduces once per step, under no_sync before
+    the last; FSDP2 every micro-batch): the first step's loss and gradient norm are those of
+    steps of one batch holding the same sequences (no router loss: it is not a mean over tokens)."""
+    logged = {}
+    for micro_batches in (2, 1):
+        config = TrainConfig(steps=2, batch_size=2 // micro_batches, gradient_accumulation_steps=micro_batches,
+                             seq_len=32, eval_batches=1, log_every=1, parallel=parallel, aux_loss_coef=0.0)
+        run = tmp_path / f"micro_batches_{micro_batches}"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   "-m", "foldmill", *train_arguments(corpus, run, config)]
+        completed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        assert completed.stdout.count("step 2: train loss") == 1  # one report, from rank 0
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["steps"] == 2
+        assert summary["train_config"] == config.__dict__
+        logged[micro_batches] = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert logged[2]["step"] == logged[1]["step"] == 1
+    assert logged[2]["loss"] == pytest.approx(logged[1]["loss"], rel=1e-5)
+    assert logged[2]["grad_norm"] == pytest.approx(logged[1]["grad_norm"], rel=1e-4)
 
 
 def test_train_arguments_round_trip_through_the_command_line_parser():
