@@ -79,18 +79,21 @@ def test_micro_batches_give_the_gradients_of_their_whole_batch(corpus):
     assert not (windows == PAD).any()
     torch.manual_seed(0)
     model = MoEDecoder(model_config("tiny", expert_backend="grouped"))
+
+    def loss_fn(batch):
+        return (batch_loss(model, batch, "fp32", 0.0).loss,)
+
     gradients, metrics = {}, {}
     for micro_batches in (1, 2, 4):
         model.zero_grad(set_to_none=True)
-        metrics[micro_batches] = accumulate_gradients(
-            lambda batch: (batch_loss(model, batch, "fp32", 0.0).loss,), windows, micro_batches)
+        metrics[micro_batches] = accumulate_gradients(loss_fn, windows, micro_batches)
         gradients[micro_batches] = {name: p.grad.clone() for name, p in model.named_parameters()}
     for micro_batches in (2, 4):
         assert metrics[micro_batches][0] == pytest.approx(float(metrics[1][0]), rel=1e-6)
         for name, want in gradients[1].items():
             torch.testing.assert_close(gradients[micro_batches][name], want, rtol=1e-4, atol=1e-7, msg=name)
     with pytest.raises(ValueError, match="does not split into 3 equal micro-batches"):
-        accumulate_gradients(lambda batch: (batch_loss(model, batch, "fp32", 0.0).loss,), windows, 3)
+        accumulate_gradients(loss_fn, windows, 3)
 
 
 def test_a_step_of_micro_batches_trains_on_the_sequences_of_one_larger_batch(corpus, tmp_path):

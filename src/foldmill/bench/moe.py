@@ -535,6 +535,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     batch = max(tokens // seq_len, 1)
     # The sequences of one optimizer step: `micro_batches` micro-batches of `batch` each.
     data = torch.randint(4, config.vocab_size, (batch * micro_batches, seq_len + 1), device=device)
+    first_micro_batch = data[:batch]
     step_tokens = batch * micro_batches * seq_len
     flops = flops_per_token(config, seq_len) * step_tokens
     results: list[dict] = []
@@ -548,7 +549,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     documents = packed_records(batch, seq_len).to(device)
     masked_flops = flops_per_token(config, seq_len, attended_fraction(documents)) * step_tokens
 
-    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = data[:batch],
+    def loss_of(model: torch.nn.Module, hf: bool, masked: bool = False, batch: torch.Tensor = first_micro_batch,
                 recipe: str = "bf16") -> torch.Tensor:
         """recipe: the moe.precision the foldmill model trains in (bf16, or bf16-mixed under autocast)."""
         if hf:
