@@ -705,6 +705,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
             graphed=True)
         flash_attention_4_rows()
+    if "quack" in backends:  # QuACK's experts with the fastest attention for each mask: the fastest bf16 steps
+        row("foldmill quack, document-masked, CUDA graph", foldmill_model("quack"), "bf16", masked=True, graphed=True)
+        if flash_attention_4_installed():
+            row("foldmill quack, CUDA graph, attention flash_attn_4",
+                foldmill_model("quack", attention="flash_attn_4"), "bf16", graphed=True)
     add_speedups(results)
     return results
 
