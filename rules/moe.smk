@@ -7,7 +7,7 @@ MOE_DIR = OUTDIR / "moe"
 MOE_TRAIN_KEYS = ("model", "expert_backend", "recompute_experts", "fp8_fast_accumulation", "steps", "batch_size",
                   "gradient_accumulation_steps", "seq_len", "lr", "warmup_steps", "precision", "parallel",
                   "expert_parallel", "checkpoint_every", "eval_batches", "log_every", "seed", "aux_loss_coef",
-                  "compile", "cuda_graphs")
+                  "peak_tflops", "compile", "cuda_graphs")
 # One node: `gpu` GPUs (sbatch --gpus). Several nodes: gres gpu:N per node instead (--gpus counts the whole job).
 MOE_NODES = MOE["nodes"]
 MOE_GPU = MOE["gpus"] if MOE_NODES == 1 else 0

@@ -141,16 +141,25 @@ def test_mxfp8_backend_gradients_equal_the_dequantized_products():
 
 def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     from foldmill.bench.moe import add_mfu, markdown_table
+    from foldmill.moe.train.metrics import spec_peaks
 
+    spec = spec_peaks("NVIDIA H200")
     bf16 = {"variant": "foldmill grouped", "tflops": 494.5}
     fp8 = {"variant": "foldmill fp8_rowwise", "tflops": 989.5}
-    add_mfu(bf16, "bf16", {"bf16": 790.0, "fp8": 1280.0})
-    add_mfu(fp8, "fp8", {"bf16": 790.0, "fp8": 1280.0})
+    add_mfu(bf16, "bf16", {"bf16": 790.0, "fp8": 1280.0}, spec)
+    add_mfu(fp8, "fp8", {"bf16": 790.0, "fp8": 1280.0}, spec)
     assert bf16["mfu_spec"] == 0.5 and bf16["mfu_measured"] == round(494.5 / 790, 3)
     assert fp8["mfu_spec"] == 0.5 and fp8["mfu_bf16_spec"] == 1.001 and fp8["mfu_measured"] == round(989.5 / 1280, 3)
     table = markdown_table([bf16, fp8])
     header = table.splitlines()[0]
     assert header.startswith("| variant | tflops | precision | mfu_spec | mfu_bf16_spec | mfu_measured |")
+    # A GPU without FP8 tensor cores, and one whose peaks are not known: no column against a made-up peak.
+    on_a100 = {"variant": "foldmill fp8_rowwise", "tflops": 156.0}
+    add_mfu(on_a100, "fp8", {}, spec_peaks("NVIDIA A100-SXM4-80GB"))
+    assert on_a100 == {"variant": "foldmill fp8_rowwise", "tflops": 156.0, "precision": "fp8", "mfu_bf16_spec": 0.5}
+    unknown = {"variant": "foldmill grouped", "tflops": 100.0}
+    add_mfu(unknown, "bf16", {"bf16": 200.0}, spec_peaks("NVIDIA L40S"))
+    assert unknown == {"variant": "foldmill grouped", "tflops": 100.0, "precision": "bf16", "mfu_measured": 0.5}
 
 
 

@@ -21,7 +21,7 @@ from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.train.evaluate import evaluate_checkpoint
 from foldmill.moe.train.launch import train_arguments
 from foldmill.moe.train.loss import accumulate_gradients, batch_loss
-from foldmill.moe.train.metrics import attended_fraction, flops_per_token, mfu
+from foldmill.moe.train.metrics import attended_fraction, flops_per_token, mfu, mfu_columns, spec_peaks
 from foldmill.moe.train.optim import learning_rate
 from foldmill.moe.train.trainer import Trainer, model_parameters
 
@@ -47,7 +47,9 @@ def test_tiny_model_learns(corpus, tmp_path):
 
 
 def test_logged_mfu_counts_the_attention_the_records_of_its_batches_keep(corpus, tmp_path):
-    config = TrainConfig(steps=4, batch_size=2, seq_len=256, warmup_steps=1, log_every=2, eval_batches=1)
+    # A CPU has no spec peak: the run is given one.
+    config = TrainConfig(steps=4, batch_size=2, seq_len=256, warmup_steps=1, log_every=2, eval_batches=1,
+                         peak_tflops=0.5)
     trainer = Trainer(corpus, tmp_path, config)
     sampler = BatchSampler(len(trainer.train_windows), config.batch_size, config.seed)
     fractions = [attended_fraction(document_ids(trainer.train_windows.batch(sampler.next_indices())[:, :-1]))
@@ -61,6 +63,35 @@ def test_logged_mfu_counts_the_attention_the_records_of_its_batches_keep(corpus,
         want = mfu(line["tokens_per_second_per_gpu"], trainer.model_config, config.seq_len, config.peak_tflops,
                    sum(window) / len(window))
         assert line["mfu"] == pytest.approx(want, rel=1e-12)
+        assert "mfu_fp8" not in line  # bf16 experts
+
+
+def test_mfu_is_held_against_the_gpus_spec_peaks_and_never_a_made_up_one(corpus, tmp_path):
+    """MFU against NVIDIA's dense (no sparsity) datasheet peaks of the GPU, FP8 too for 8-bit experts;
+    where no peak is known (a CPU, an unlisted GPU) and none is set, the logs say null, not a number."""
+    assert spec_peaks("NVIDIA H200") == spec_peaks("NVIDIA H100 80GB HBM3") == {"bf16": 989.0, "fp8": 1979.0}
+    assert spec_peaks("NVIDIA GH200 480GB") == {"bf16": 989.0, "fp8": 1979.0}
+    assert spec_peaks("NVIDIA H100 PCIe") == {"bf16": 756.5, "fp8": 1513.0}
+    assert spec_peaks("NVIDIA H100 NVL") == spec_peaks("NVIDIA H200 NVL") == {"bf16": 835.5, "fp8": 1670.5}
+    assert spec_peaks("NVIDIA A100-SXM4-80GB") == {"bf16": 312.0}
+    assert spec_peaks("NVIDIA L40S") == {}
+
+    fp8 = model_config("tiny", expert_backend="fp8_rowwise")
+    rate = 1e15 / flops_per_token(fp8, 64)  # one PFLOP/s
+    assert mfu_columns(rate, fp8, 64, spec_peaks("NVIDIA H200")) == pytest.approx({"mfu": 1000 / 989,
+                                                                                   "mfu_fp8": 1000 / 1979})
+    assert mfu_columns(rate, fp8, 64, spec_peaks("NVIDIA A100-SXM4-80GB")) == {"mfu": pytest.approx(1000 / 312),
+                                                                              "mfu_fp8": None}
+    assert mfu_columns(rate, model_config("tiny"), 64, {}) == {"mfu": None}
+
+    config = TrainConfig(steps=2, batch_size=2, seq_len=64, warmup_steps=1, log_every=1, eval_batches=1,
+                         expert_backend="fp8_rowwise")
+    summary = Trainer(corpus, tmp_path, config).fit()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["mfu"], line["mfu_fp8"]) for line in logged if "loss" in line] == [(None, None)] * 2
+    assert summary["mfu"] is None and summary["mfu_fp8"] is None
+    with pytest.raises(FoldmillError, match="peak_tflops"):
+        TrainConfig(peak_tflops=-1.0)
 
 
 def test_attended_fraction_counts_causal_pairs_within_records():

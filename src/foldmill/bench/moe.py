@@ -52,8 +52,10 @@ from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kerne
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig, model_config
+from foldmill.moe.experts import GEMM_PRECISION
 from foldmill.moe.experts.quack_fused import quack_installed
 from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
+from foldmill.moe.train.metrics import spec_peaks
 from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
 
 
@@ -105,10 +107,6 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
 
 # ---------------------------------------------------------------- peaks and MFU
 
-# Dense tensor-core peaks of an H100/H200 SXM by NVIDIA's datasheet (no sparsity), TFLOP/s.
-SPEC_PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
-# The precision whose tensor-core peak each row is held against (MXFP8 and FP8 are both 8-bit).
-PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8", "quack": "bf16"}
 # A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
 Built = tuple[torch.nn.Module, bool, dict]
 CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn")
@@ -134,13 +132,23 @@ def measure_peaks(repeats: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in peaks.items()}
 
 
-def add_mfu(row: dict, precision: str, peaks: dict[str, float]) -> None:
-    """MFU against the row precision's spec peak, the bf16 spec peak, and the precision's measured peak."""
+@functools.cache
+def device_spec_peaks() -> dict[str, float]:
+    """The dense spec peaks of this process's GPU (foldmill.moe.train.metrics.spec_peaks)."""
+    return spec_peaks(torch.cuda.get_device_name())
+
+
+def add_mfu(row: dict, precision: str, peaks: dict[str, float], spec: dict[str, float] | None = None) -> None:
+    """MFU against the row precision's spec peak, the bf16 spec peak (`spec`: this GPU's by default;
+    left out where not known), and the precision's measured peak (`peaks`)."""
     if "tflops" not in row:
         return
+    spec = device_spec_peaks() if spec is None else spec
     row["precision"] = precision
-    row["mfu_spec"] = round(row["tflops"] / SPEC_PEAK_TFLOPS[precision], 3)
-    row["mfu_bf16_spec"] = round(row["tflops"] / SPEC_PEAK_TFLOPS["bf16"], 3)
+    if spec.get(precision):
+        row["mfu_spec"] = round(row["tflops"] / spec[precision], 3)
+    if spec.get("bf16"):
+        row["mfu_bf16_spec"] = round(row["tflops"] / spec["bf16"], 3)
     if peaks.get(precision):
         row["mfu_measured"] = round(row["tflops"] / peaks[precision], 3)
 
@@ -309,10 +317,10 @@ def _backend_rows(record: Callable[..., None], name: str, x: torch.Tensor, w: to
     out, saved = gemm.forward(x, w, ends)
     error = _relative_error(out, reference)
     del out
-    record(f"foldmill {name} forward", functools.partial(gemm.forward, x, w, ends), PRECISION[name],
+    record(f"foldmill {name} forward", functools.partial(gemm.forward, x, w, ends), GEMM_PRECISION[name],
            rel_error_vs_fp32=error)
     record(f"foldmill {name} backward (dgrad + wgrad)", functools.partial(gemm.backward, dy, w, saved, ends),
-           PRECISION[name], passes=2)
+           GEMM_PRECISION[name], passes=2)
 
 
 def _scaled_grouped_mm_rows(record: Callable[..., None], x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
@@ -485,7 +493,7 @@ def bench_layer(shape: str, tokens: int, backends: list[str], repeats: int, peak
             block.router.gate.weight.copy_(hf_block.gate.weight)
             block.experts.gate_up_proj.copy_(hf_block.experts.gate_up_proj)
             block.experts.down_proj.copy_(hf_block.experts.down_proj)
-        row(f"foldmill {backend}", fwd_bwd(block, backend), PRECISION[backend])
+        row(f"foldmill {backend}", fwd_bwd(block, backend), GEMM_PRECISION[backend])
         del block
     reference = outputs.get("hf_eager")
     if reference is not None:
@@ -676,9 +684,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
     for backend in [] if captured_only else backends:
-        row(f"foldmill {backend}", foldmill_model(backend), PRECISION[backend])
+        row(f"foldmill {backend}", foldmill_model(backend), GEMM_PRECISION[backend])
     for backend in backends:
-        row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), PRECISION[backend],
+        row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), GEMM_PRECISION[backend],
             graphed=True)
     if captured_only:
         if "grouped" in backends:
@@ -689,10 +697,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return results
     for backend in backends:  # the trainer's default recipe
         row(f"foldmill {backend}, CUDA graph, bf16-mixed (moe.precision default: float32 masters and AdamW states)",
-            foldmill_model(backend, recipe="bf16-mixed"), PRECISION[backend], graphed=True, recipe="bf16-mixed")
+            foldmill_model(backend, recipe="bf16-mixed"), GEMM_PRECISION[backend], graphed=True, recipe="bf16-mixed")
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph, experts recomputed (moe.recompute_experts)",
-            foldmill_model(backend, recompute_experts=True), PRECISION[backend], graphed=True)
+            foldmill_model(backend, recompute_experts=True), GEMM_PRECISION[backend], graphed=True)
     if "fp8_rowwise" in backends:
         row("foldmill fp8_rowwise, CUDA graph, promoted accumulation (moe.fp8_fast_accumulation: false)",
             foldmill_model("fp8_rowwise", fp8_fast_accumulation=False), "fp8", graphed=True)
@@ -809,7 +817,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 def report_header(device_name: str, peaks: dict[str, float], contenders: dict[str, str]) -> str:
     measured = ", ".join(f"{k} {v}" for k, v in peaks.items())
-    spec = ", ".join(f"{k} {v:g}" for k, v in SPEC_PEAK_TFLOPS.items())
+    spec = ", ".join(f"{k} {v:g}" for k, v in spec_peaks(device_name).items()) or "not known for this GPU"
     libraries = ", ".join(f"{k}: {v}" for k, v in contenders.items())
     return (f"Device: {device_name}, torch {torch.__version__}\n\n"
             f"Peaks (TFLOP/s): spec dense {spec}; measured 8192^3 GEMM {measured}. mfu_spec and mfu_measured hold "
@@ -857,7 +865,7 @@ def run(args: argparse.Namespace) -> int:
 
     def save() -> None:
         payload = {"device": device_name, "torch": torch.__version__, "measured_peak_tflops": peaks,
-                   "spec_peak_tflops": SPEC_PEAK_TFLOPS, "contenders": contenders, "rows": rows}
+                   "spec_peak_tflops": spec_peaks(device_name), "contenders": contenders, "rows": rows}
         write_text_atomic(out / "moe_bench.json", json.dumps(payload, indent=2) + "\n")
         write_text_atomic(out / "moe_bench.md", report_header(device_name, peaks, contenders) + markdown_table(rows))
 

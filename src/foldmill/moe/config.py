@@ -119,7 +119,9 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 8
     checkpoint_every: int = 0  # 0: only at the end
-    peak_tflops: float = 790.0  # per GPU, for MFU (measured bf16 dense rate of an H200)
+    # Dense bf16 TFLOP/s per GPU that MFU is held against; 0: the GPU's spec peaks
+    # (train.metrics.spec_peaks), for bf16 and, with 8-bit experts, FP8.
+    peak_tflops: float = 0.0
     aux_loss_coef: float = 0.01
     # torch.compile the dense sub-blocks of each layer (moe.train.compile); CUDA only. Off by
     # default: on the H200 the step ran slower compiled (docs/benchmarks/moe.md).
@@ -134,5 +136,7 @@ class TrainConfig:
             raise FoldmillError(f"parallel must be ddp or fsdp, not {self.parallel!r}")
         if self.expert_parallel < 1:
             raise FoldmillError(f"expert_parallel must be >= 1, not {self.expert_parallel}")
+        if self.peak_tflops < 0:
+            raise FoldmillError(f"peak_tflops must be >= 0 (0: the GPU's spec peak), not {self.peak_tflops}")
         if self.steps < 1 or self.batch_size < 1 or self.gradient_accumulation_steps < 1 or self.seq_len < 2:
             raise FoldmillError("steps, batch_size and gradient_accumulation_steps must be >= 1 and seq_len >= 2")

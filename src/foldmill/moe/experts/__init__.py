@@ -12,6 +12,9 @@ from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts.gemm import ExpertGemm, GroupedGemm, LoopGemm
 
 BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8", "quack")
+# The precision of each backend's expert GEMMs, whose dense tensor-core peak its MFU is also held
+# against (MXFP8 counts as 8-bit, whichever GEMM a GPU runs it on).
+GEMM_PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8", "quack": "bf16"}
 
 
 def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation) -> ExpertGemm:

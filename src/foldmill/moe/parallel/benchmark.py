@@ -33,7 +33,7 @@ from foldmill.moe.parallel import expert_parallel
 from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
 from foldmill.moe.train.distributed import Dist, init_distributed, unwrap, wrap_model
 from foldmill.moe.train.loss import batch_loss
-from foldmill.moe.train.metrics import mfu
+from foldmill.moe.train.metrics import mfu_columns, run_peaks
 from foldmill.moe.train.optim import build_optimizer
 from foldmill.moe.train.precision import prepare_parameters
 from foldmill.moe.train.trainer import build_model_config
@@ -106,7 +106,7 @@ def benchmark(config: TrainConfig, vocab_size: int, warmup: int, steps: int, env
         "parallel": config.parallel, "world_size": env.world_size, "expert_parallel": config.expert_parallel,
         "data_parallel": env.world_size // config.expert_parallel, "tokens_per_step_per_gpu": tokens,
         "step_ms": 1e3 * plain, "tokens_per_second_per_gpu": rate,
-        "mfu": mfu(rate, model_config, config.seq_len, config.peak_tflops),
+        **mfu_columns(rate, model_config, config.seq_len, run_peaks(env.device, config.peak_tflops)),
         "all_to_all_ms_per_step": 1e3 * exchange_per_step,
         "all_to_all_share": exchange_per_step / statistics.median(instrumented),
         "peak_memory_gib": torch.cuda.max_memory_allocated(env.device) / 2**30 if env.device.type == "cuda" else None,
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=29, help="29: the protein tokenizer's")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--peak-tflops", type=float, default=790.0)
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="dense bf16 TFLOP/s per GPU for the MFU; 0: the GPU's spec peaks")
     parser.add_argument("--out", default="bench-ep")
     args = parser.parse_args(argv)
     config = TrainConfig(model=args.model, expert_backend=args.expert_backend, expert_parallel=args.expert_parallel,

@@ -36,7 +36,7 @@ from foldmill.moe.train.distributed import (
 from foldmill.moe.train.evaluate import evaluate
 from foldmill.moe.train.graphs import CapturedForwardBackward
 from foldmill.moe.train.loss import accumulate_gradients, batch_loss
-from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu
+from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu_columns, run_peaks
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
 from foldmill.moe.train.precision import prepare_parameters
 
@@ -95,6 +95,10 @@ class Trainer:
         self.sampler = BatchSampler(len(self.train_windows), config.batch_size * config.gradient_accumulation_steps,
                                     config.seed, self.env.rank, self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
+        self.peaks = run_peaks(self.env.device, config.peak_tflops)
+        if not self.peaks and self.env.device.type == "cuda" and self.env.is_main:
+            log.info("MFU not reported: no dense peak known for %s; set moe.peak_tflops to its dense bf16 TFLOP/s",
+                     torch.cuda.get_device_name(self.env.device))
         self.step = 0
         self.attended_fractions: list[float] = []  # per step since the last log line (train_step)
         self.captured: CapturedForwardBackward | None = None
@@ -170,7 +174,8 @@ class Trainer:
         self.resume()
         tokens_per_step = config.batch_size * config.gradient_accumulation_steps * config.seq_len
         window_losses: list[torch.Tensor] = []
-        last = {"tokens_per_second_per_gpu": float("nan"), "mfu": float("nan")}
+        # Until the first log line: no rate, no MFU.
+        last = {"tokens_per_second_per_gpu": float("nan"), **mfu_columns(0.0, self.model_config, config.seq_len, {})}
         _synchronize(env.device)
         started, steps_in_window = time.perf_counter(), 0
         while self.step < config.steps:
@@ -186,15 +191,17 @@ class Trainer:
                     "step": self.step, "loss": float(window_loss),
                     "lr": learning_rate(self.step, config), "grad_norm": float(grad_norm),
                     "tokens_per_second_per_gpu": rate,
-                    "mfu": mfu(rate, self.model_config, config.seq_len, config.peak_tflops,
-                               sum(self.attended_fractions) / len(self.attended_fractions)),
+                    **mfu_columns(rate, self.model_config, config.seq_len, self.peaks,
+                                  sum(self.attended_fractions) / len(self.attended_fractions)),
                     # max expert load x experts: 1.0 is perfectly balanced, per layer
                     "router_max_load": [round(float(v), 4) for v in load.max(dim=-1).values * load.shape[-1]],
                 }
                 self.metrics.write(last)
                 if env.is_main:
-                    log.info("step %d loss %.4f lr %.2e %.0f tok/s/gpu mfu %.3f", self.step, last["loss"],
-                             last["lr"], rate, last["mfu"])
+                    utilization = "".join(f" {name} {value:.3f}" for name, value in last.items()
+                                          if name.startswith("mfu") and value is not None)
+                    log.info("step %d loss %.4f lr %.2e %.0f tok/s/gpu%s", self.step, last["loss"], last["lr"], rate,
+                             utilization)
                 window_losses, steps_in_window, self.attended_fractions = [], 0, []
                 _synchronize(env.device)
                 started = time.perf_counter()
@@ -209,7 +216,8 @@ class Trainer:
         self.metrics.write({"step": self.step, **validation})
         summary = {
             "steps": self.step, "final_train_loss": last.get("loss"), **validation,
-            "tokens_per_second_per_gpu": last["tokens_per_second_per_gpu"], "mfu": last["mfu"],
+            "tokens_per_second_per_gpu": last["tokens_per_second_per_gpu"],
+            **{name: value for name, value in last.items() if name.startswith("mfu")},
             "world_size": env.world_size, "checkpoint": str(checkpoint),
             "model_config": dataclasses.asdict(self.model_config), "train_config": dataclasses.asdict(config),
         }
