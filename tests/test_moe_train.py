@@ -94,6 +94,19 @@ def test_mfu_is_held_against_the_gpus_spec_peaks_and_never_a_made_up_one(corpus,
         TrainConfig(peak_tflops=-1.0)
 
 
+def test_a_run_says_what_it_trains_as_it_starts(corpus, tmp_path, caplog):
+    config = TrainConfig(steps=2, batch_size=2, seq_len=64, warmup_steps=1, gradient_accumulation_steps=2,
+                         eval_batches=1, expert_backend="fp8_rowwise", precision="bf16-mixed", peak_tflops=2.5)
+    with caplog.at_level("INFO", logger="foldmill.moe.train.trainer"):
+        Trainer(corpus, tmp_path, config).fit()
+    assert ("training tiny from step 0 to 2: 2 sequences of 64 tokens per micro-batch, 2 per optimizer step, on 1 x CPU; "
+            "experts fp8_rowwise, precision bf16-mixed, CUDA graphs off; MFU against 2.5 TFLOP/s bf16") in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="foldmill.moe.train.trainer"):
+        Trainer(corpus, tmp_path / "other", TrainConfig(steps=1, batch_size=2, seq_len=64, eval_batches=1)).fit()
+    assert "no MFU (no peak known: moe.peak_tflops)" in caplog.text
+
+
 def test_attended_fraction_counts_causal_pairs_within_records():
     assert attended_fraction(torch.zeros(3, 7, dtype=torch.int32)) == 1.0
     # Records of 2 and 3 tokens: 3 + 6 of the window's 15 causal pairs.

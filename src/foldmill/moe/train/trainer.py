@@ -168,10 +168,23 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         return cross_entropy.detach(), grad_norm.detach(), load
 
+    def describe(self) -> str:
+        """What this run trains and how, in one line (logged as it starts)."""
+        config, env = self.config, self.env
+        device = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "CPU"
+        peaks = " and ".join(f"{value:,g} TFLOP/s {precision}" for precision, value in self.peaks.items())
+        return (f"training {config.model} from step {self.step} to {config.steps}: {config.batch_size} sequences of "
+                f"{config.seq_len:,} tokens per micro-batch, {config.gradient_accumulation_steps} per optimizer step, "
+                f"on {env.world_size} x {device}; experts {config.expert_backend}, precision {config.precision}, "
+                f"CUDA graphs {'on' if self.captured is not None else 'off'}; "
+                + (f"MFU against {peaks}" if peaks else "no MFU (no peak known: moe.peak_tflops)"))
+
     def fit(self) -> dict:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
         config, env = self.config, self.env
         self.resume()
+        if env.is_main:
+            log.info(self.describe())
         tokens_per_step = config.batch_size * config.gradient_accumulation_steps * config.seq_len
         window_losses: list[torch.Tensor] = []
         # Until the first log line: no rate, no MFU.
