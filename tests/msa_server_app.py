@@ -11,6 +11,7 @@ Tests steer it through POST /control (form fields, each optional):
   fail=C1,C2,...   the next requests answer these HTTP status codes, one each, in order
   error=N          the next N tickets end with status ERROR
   stuck=1|0        tickets report RUNNING (whatever their state) until stuck=0
+  stall=1|0        status requests get no answer until stall=0 (a server that hangs)
   malformed=N      the next N downloads are not a tar.gz
   drop=N           the next N downloads lack their last query's A3M
   forget=1         forget every ticket (as after a server restart)
@@ -65,12 +66,14 @@ class State:
         self.tickets: dict[str, Ticket] = {}
         self.work: queue.Queue[Ticket] = queue.Queue()
         self.results: dict[tuple[str, ...], bytes] = {}  # an identical request is searched once
+        self.answering = threading.Event()  # cleared while status requests stall
         self.reset()
 
     def reset(self) -> None:
         self.ratelimit = self.error = self.malformed = self.drop = 0
         self.fail: list[int] = []
         self.stuck = False
+        self.answering.set()
         self.counters = {"submitted": 0, "ratelimited": 0, "failed": 0, "downloads": 0}
 
     def take(self, switch: str) -> bool:
@@ -236,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         parts = self.path.strip("/").split("/")
         if len(parts) == 2 and parts[0] == "ticket":
+            self.state.answering.wait(timeout=600)
             ticket = self.state.tickets.get(parts[1])
             status = "UNKNOWN" if ticket is None else "RUNNING" if self.state.stuck else ticket.status
             self.reply({"id": parts[1], "status": status})
@@ -261,6 +265,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.state.fail = [int(code) for code in form["fail"].split(",") if code]
             if "stuck" in form:
                 self.state.stuck = form["stuck"] == "1"
+            if "stall" in form:
+                (self.state.answering.clear if form["stall"] == "1" else self.state.answering.set)()
         self.reply({"ok": True})
 
 

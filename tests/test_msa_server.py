@@ -203,29 +203,49 @@ def test_a_refused_batch_is_split_so_only_the_bad_query_fails(url, tmp_path):
     assert stats(url)["submitted"] == 2  # the batch was refused, then each sequence went out alone
 
 
-def test_an_interrupted_run_keeps_its_ticket_for_the_next(url, tmp_path):
-    control(url, stuck=1)
+def interrupt_a_search(url: str, cache: Path, request_timeout: float = 60.0) -> None:
+    """Start a search of NO_HIT in another process, press Ctrl-C once its ticket is saved (while it
+    polls), and check that it stops within 30 s with KeyboardInterrupt."""
     script = (
-        "import sys; from foldmill.msa import server; "
-        f"settings = server.ServerSettings(url={url!r}, poll_interval=0.05); "
+        # Ctrl-C as in a terminal, even where the tests run with SIGINT ignored (a background job).
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from foldmill.msa import server; "
+        f"settings = server.ServerSettings(url={url!r}, poll_interval=0.05, timeout={request_timeout}); "
         f"server.search({{'peptide': {NO_HIT!r}}}, {{}}, sys.argv[1], settings)"
     )
     process = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path)], stderr=subprocess.PIPE, text=True, env=python_environment()
+        [sys.executable, "-c", script, str(cache)], stderr=subprocess.PIPE, text=True, env=python_environment()
     )
     for _ in range(600):  # the ticket is saved before it is polled
-        if list(tmp_path.glob("colabfold-server-*/tickets/*.json")) or process.poll() is not None:
+        if list(cache.glob("colabfold-server-*/tickets/*.json")) or process.poll() is not None:
             break
         time.sleep(0.1)
+    time.sleep(0.5)  # polling
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) != 0
     assert "KeyboardInterrupt" in process.stderr.read()
+
+
+def test_an_interrupted_run_keeps_its_ticket_for_the_next(url, tmp_path):
+    control(url, stuck=1)
+    interrupt_a_search(url, tmp_path)
     assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
 
     urllib.request.urlopen(f"{url}/control", data=b"stuck=0", timeout=10).read()
     unpaired, _ = server.search({"peptide": NO_HIT}, {}, tmp_path, replace(FAST, url=url))
     assert unpaired["peptide"] == f">101\n{NO_HIT}\n>101\n{NO_HIT}\n"
     assert stats(url)["submitted"] == 1
+
+
+def test_ctrl_c_stops_a_run_whose_server_hangs_without_waiting_out_the_request(url, tmp_path):
+    """A status request that gets no answer holds up neither the interrupt nor the saved ticket:
+    the run stops within 30 s although each request may wait 10 minutes."""
+    control(url, stall=1)
+    try:
+        interrupt_a_search(url, tmp_path, request_timeout=600.0)
+    finally:
+        control(url, stall=0)
+    assert len(list(tmp_path.glob("colabfold-server-*/tickets/*.json"))) == 1
 
 
 def test_a_refused_query_is_one_line(url, tmp_path):

@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import logging
+import queue
 import random
 import socket
 import tarfile
@@ -41,7 +42,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,26 +222,46 @@ def _run_tickets(
     client: Client, cache: ServerCache, jobs: list[tuple[str, tuple[str, ...]]]
 ) -> dict[tuple[str, tuple[str, ...]], FoldmillError]:
     """Run each job ("msa" or "pair", its queries) as one ticket, `concurrency` at a time; the
-    failed ones' errors by (kind, queries). An interrupt stops the polling at once: the saved
-    tickets are polled again by the next run."""
-    failures: dict[tuple[str, tuple[str, ...]], FoldmillError] = {}
-    pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="msa-server")
+    failed ones' errors by (kind, queries). An interrupt stops the run at once, even while a request
+    waits on a stalled server: the tickets run on daemon threads that nothing waits for once the
+    run stops, and the saved tickets are polled again by the next run. (A thread pool would hold the
+    process until every request in flight returned: up to `timeout` seconds.)"""
+    waiting: queue.SimpleQueue[tuple[str, tuple[str, ...]]] = queue.SimpleQueue()
+    for job in jobs:
+        waiting.put(job)
+    done: queue.SimpleQueue[tuple[tuple[str, tuple[str, ...]], BaseException | None]] = queue.SimpleQueue()
+
+    def work() -> None:
+        while not client.stop.is_set():
+            try:
+                kind, queries = waiting.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                TICKETS[kind](client, cache, list(queries))
+                done.put(((kind, queries), None))
+            except BaseException as error:  # noqa: BLE001 - handed to the calling thread, which decides
+                done.put(((kind, queries), error))
+
+    for number in range(min(client.settings.concurrency, len(jobs))):
+        threading.Thread(target=work, name=f"msa-server-{number}", daemon=True).start()
+    outcomes: dict[tuple[str, tuple[str, ...]], BaseException | None] = {}
+    remaining = len(jobs)
     try:
-        futures = {
-            (kind, queries): pool.submit(TICKETS[kind], client, cache, list(queries)) for kind, queries in jobs
-        }
-        for key, future in futures.items():
-            error = future.exception()
-            if isinstance(error, FoldmillError):
-                failures[key] = error
-            elif error is not None:
+        while remaining:
+            try:
+                # Timed, so that an interrupt the OS handed to a worker thread is still seen here.
+                key, error = done.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if error is not None and not isinstance(error, FoldmillError):
                 raise error
+            outcomes[key] = error
+            remaining -= 1
     except BaseException:
         client.stop.set()
         raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return failures
+    return {job: outcomes[job] for job in jobs if outcomes[job] is not None}
 
 
 def _unpaired_ticket(client: Client, cache: ServerCache, batch: list[str]) -> None:
