@@ -15,8 +15,9 @@ Fast accumulation (`moe.fp8_fast_accumulation`, on by default) lets Hopper's FP8
 their partial sums without promoting them to fp32 every few K blocks, as torchao's FP8 MoE training
 does: on the H200 the three GEMMs run 16-27% faster and the captured bio_8x1b FP8 training step
 1.04x bf16's instead of 0.98x, and the forward's error against an fp32 product of the same FP8
-operands goes from 0.17% to 0.21% (the FP8 rounding of the operands: 3.7%). The loss-parity runs end within 1% of
-bf16 either way, closer than bf16's own spread across seeds (docs/benchmarks/moe.md).
+operands goes from 0.17% to 0.21% (the FP8 rounding of the operands: 3.7%). The loss-parity runs
+end within 1% of bf16 either way, closer than bf16's own spread across seeds
+(docs/benchmarks/moe.md).
 """
 
 from __future__ import annotations

@@ -96,9 +96,6 @@ class Trainer:
                                     config.seed, self.env.rank, self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.peaks = run_peaks(self.env.device, config.peak_tflops)
-        if not self.peaks and self.env.device.type == "cuda" and self.env.is_main:
-            log.info("MFU not reported: no dense peak known for %s; set moe.peak_tflops to its dense bf16 TFLOP/s",
-                     torch.cuda.get_device_name(self.env.device))
         self.step = 0
         self.attended_fractions: list[float] = []  # per step since the last log line (train_step)
         self.captured: CapturedForwardBackward | None = None
@@ -188,7 +185,8 @@ class Trainer:
         tokens_per_step = config.batch_size * config.gradient_accumulation_steps * config.seq_len
         window_losses: list[torch.Tensor] = []
         # Until the first log line: no rate, no MFU.
-        last = {"tokens_per_second_per_gpu": float("nan"), **mfu_columns(0.0, self.model_config, config.seq_len, {})}
+        utilization = mfu_columns(0.0, self.model_config, config.seq_len, {})
+        last = {"tokens_per_second_per_gpu": float("nan"), **utilization}
         _synchronize(env.device)
         started, steps_in_window = time.perf_counter(), 0
         while self.step < config.steps:
@@ -199,22 +197,22 @@ class Trainer:
                 _synchronize(env.device)
                 elapsed = time.perf_counter() - started
                 rate = steps_in_window * tokens_per_step / elapsed
+                utilization = mfu_columns(rate, self.model_config, config.seq_len, self.peaks,
+                                          sum(self.attended_fractions) / len(self.attended_fractions))
                 window_loss = all_reduce_sum(torch.stack(window_losses).mean().reshape(1)) / env.world_size
                 last = {
                     "step": self.step, "loss": float(window_loss),
                     "lr": learning_rate(self.step, config), "grad_norm": float(grad_norm),
                     "tokens_per_second_per_gpu": rate,
-                    **mfu_columns(rate, self.model_config, config.seq_len, self.peaks,
-                                  sum(self.attended_fractions) / len(self.attended_fractions)),
+                    **utilization,
                     # max expert load x experts: 1.0 is perfectly balanced, per layer
                     "router_max_load": [round(float(v), 4) for v in load.max(dim=-1).values * load.shape[-1]],
                 }
                 self.metrics.write(last)
                 if env.is_main:
-                    utilization = "".join(f" {name} {value:.3f}" for name, value in last.items()
-                                          if name.startswith("mfu") and value is not None)
+                    shown = "".join(f" {name} {value:.3f}" for name, value in utilization.items() if value is not None)
                     log.info("step %d loss %.4f lr %.2e %.0f tok/s/gpu%s", self.step, last["loss"], last["lr"], rate,
-                             utilization)
+                             shown)
                 window_losses, steps_in_window, self.attended_fractions = [], 0, []
                 _synchronize(env.device)
                 started = time.perf_counter()
@@ -229,8 +227,7 @@ class Trainer:
         self.metrics.write({"step": self.step, **validation})
         summary = {
             "steps": self.step, "final_train_loss": last.get("loss"), **validation,
-            "tokens_per_second_per_gpu": last["tokens_per_second_per_gpu"],
-            **{name: value for name, value in last.items() if name.startswith("mfu")},
+            "tokens_per_second_per_gpu": last["tokens_per_second_per_gpu"], **utilization,
             "world_size": env.world_size, "checkpoint": str(checkpoint),
             "model_config": dataclasses.asdict(self.model_config), "train_config": dataclasses.asdict(config),
         }
