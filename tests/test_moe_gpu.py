@@ -814,3 +814,17 @@ def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir
     assert resumed["val_loss"] == pytest.approx(graphed["val_loss"], rel=1e-2)
     losses = [json.loads(line) for line in (tmp_path / "graphed/metrics.jsonl").read_text().splitlines()]
     assert len([line for line in losses if "val_loss" in line]) == 2  # step 4 and the end
+    # MFU against this GPU's spec peaks (null where none is known), FP8 experts also against FP8's.
+    from foldmill.moe.train.metrics import spec_peaks
+
+    peaks = spec_peaks(torch.cuda.get_device_name())
+    logged = [line for line in losses if "tokens_per_second_per_gpu" in line]
+    columns = {"mfu": "bf16", "mfu_fp8": "fp8"} if backend == "fp8_rowwise" else {"mfu": "bf16"}
+    assert logged and all(set(columns) <= set(line) for line in logged)
+    for column, precision in columns.items():
+        for line in logged:
+            if precision in peaks:
+                assert line[column] == pytest.approx(
+                    line["mfu"] * peaks["bf16"] / peaks[precision], rel=1e-9) and 0 < line[column] < 1
+            else:
+                assert line[column] is None
