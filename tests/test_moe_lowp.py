@@ -276,6 +276,18 @@ def test_bench_profile_sorts_kernels_into_categories():
         assert kernels and all(name in copies for name in kernels), (module, kernels)
 
 
+
+def test_bench_profile_totals_are_the_sums_of_its_kernels():
+    from foldmill.bench.moe import KERNEL_CATEGORIES, OTHER_KERNELS, kernel_category, ms_by_category
+
+    kernels = [{"kernel": name, "category": kernel_category(name), "ms": ms, "launches_per_step": 16.0}
+               for name, ms in (("_cast_kernel", 13.25), ("_tile_maxima_kernel", 5.5), ("_adamw_kernel", 16.0),
+                                ("_permute_kernel", 1.25))]
+    totals = ms_by_category(kernels)
+    assert totals["8-bit copies"] == 18.75 and totals["AdamW"] == 16.0 and totals[OTHER_KERNELS] == 1.25
+    assert totals["all kernels"] == 36.0
+    assert set(totals) == {"all kernels", OTHER_KERNELS, *(category for category, _ in KERNEL_CATEGORIES)}
+
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton

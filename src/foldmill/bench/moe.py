@@ -33,6 +33,7 @@ Writes moe_bench.json and moe_bench.md to --out.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import gc
@@ -208,9 +209,9 @@ def kernel_category(name: str) -> str:
     return OTHER_KERNELS
 
 
-def kernel_ms_by_category(step: Callable[[], None], steps: int = 3) -> dict[str, float]:
-    """GPU time per step of each kernel category, from a torch profiler trace of `steps` calls of
-    step() after three untimed ones; "all kernels" is their sum (host gaps excluded)."""
+def kernel_times(step: Callable[[], None], steps: int = 3) -> list[dict]:
+    """Each kernel's GPU time and launches per step, longest first, from a torch profiler trace of
+    `steps` calls of step() after three untimed ones."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -220,10 +221,21 @@ def kernel_ms_by_category(step: Callable[[], None], steps: int = 3) -> dict[str,
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    totals = dict.fromkeys([category for category, _ in KERNEL_CATEGORIES] + [OTHER_KERNELS], 0.0)
+    ms, launches = collections.Counter(), collections.Counter()
     for event in trace.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[kernel_category(event.name)] += event.device_time / 1e3 / steps
+            ms[event.name] += event.device_time / 1e3 / steps
+            launches[event.name] += 1
+    return [{"kernel": name, "category": kernel_category(name), "ms": round(total, 4),
+             "launches_per_step": launches[name] / steps} for name, total in ms.most_common()]
+
+
+def ms_by_category(kernels: list[dict]) -> dict[str, float]:
+    """GPU time per step of each kernel category of `kernel_times`'s kernels; "all kernels" is their
+    sum (host gaps excluded)."""
+    totals = dict.fromkeys([category for category, _ in KERNEL_CATEGORIES] + [OTHER_KERNELS], 0.0)
+    for kernel in kernels:
+        totals[kernel["category"]] += kernel["ms"]
     return {"all kernels": sum(totals.values()), **totals}
 
 
@@ -655,9 +667,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     def profile_rows(backend: str, recipe: str = "bf16") -> None:
         def measure() -> dict:
             model, hf, masters = foldmill_model(backend, recipe=recipe)()
-            by_category = kernel_ms_by_category(train_step_fn(model, hf, masked=False, graphed=True,
-                                                              torch_optimizer=False, recipe=recipe, masters=masters))
-            return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category}
+            kernels = kernel_times(train_step_fn(model, hf, masked=False, graphed=True, torch_optimizer=False,
+                                                 recipe=recipe, masters=masters))
+            by_category = ms_by_category(kernels)
+            # The kernels go to moe_bench.json only (the markdown table keeps its columns).
+            return {"ms": round(by_category.pop("all kernels"), 2), "by_category": by_category, "kernels": kernels}
 
         variant = f"foldmill {backend}, CUDA graph" + (f", {recipe}" if recipe != "bf16" else "")
         row = {"section": "profile", "shape": label, "variant": f"{variant}: all kernels"}
