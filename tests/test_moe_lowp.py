@@ -276,7 +276,6 @@ def test_bench_profile_sorts_kernels_into_categories():
         assert kernels and all(name in copies for name in kernels), (module, kernels)
 
 
-
 def test_bench_profile_totals_are_the_sums_of_its_kernels():
     from foldmill.bench.moe import KERNEL_CATEGORIES, OTHER_KERNELS, kernel_category, ms_by_category
 
@@ -287,6 +286,7 @@ def test_bench_profile_totals_are_the_sums_of_its_kernels():
     assert totals["8-bit copies"] == 18.75 and totals["AdamW"] == 16.0 and totals[OTHER_KERNELS] == 1.25
     assert totals["all kernels"] == 36.0
     assert set(totals) == {"all kernels", OTHER_KERNELS, *(category for category, _ in KERNEL_CATEGORIES)}
+
 
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
