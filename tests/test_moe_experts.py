@@ -71,9 +71,11 @@ def test_bf16_free_backends_match_reference_in_fp32(backend):
     compare_with_reference(backend, torch.device("cpu"), torch.float32, 1e-5)
 
 
-@pytest.mark.parametrize("backend", ["fp8_rowwise", "mxfp8"])
-def test_8bit_backends_match_reference_within_format_error(backend):
-    errors = compare_with_reference(backend, torch.device("cpu"), torch.float32, 0.1)
+@pytest.mark.parametrize(("backend", "fields"), [("fp8_rowwise", {}), ("mxfp8", {}),
+                                               ("mxfp8", {"mxfp8_store_swiglu_input": True})],
+                         ids=["fp8_rowwise", "mxfp8", "mxfp8 storing the SwiGLU input"])
+def test_8bit_backends_match_reference_within_format_error(backend, fields):
+    errors = compare_with_reference(backend, torch.device("cpu"), torch.float32, 0.1, **fields)
     # The 8-bit path really quantized: an fp32 path would be ~1e-7 from the reference.
     assert errors["output"] > 1e-3
 
@@ -88,6 +90,24 @@ def test_8bit_backends_refuse_expert_sizes_they_cannot_block(backend, multiple):
                                             rf"divisible by {multiple}, got 64 and 104$"):
         ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=104, expert_backend=backend)
     ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, ffn_size=128, expert_backend=backend)
+
+
+def test_mxfp8_store_swiglu_input_reaches_the_backend_and_is_refused_where_it_cannot_apply():
+    """moe.mxfp8_store_swiglu_input travels from the training config to the MXFP8 backend; with
+    another backend, or with recompute_experts (which keeps less), it is refused in one line."""
+    from foldmill.errors import FoldmillError
+    from foldmill.moe.train.trainer import build_model_config
+
+    model_config = build_model_config(
+        TrainConfig(expert_backend="mxfp8", mxfp8_store_swiglu_input=True), vocab_size=32)
+    assert MoEBlock(model_config).experts.backend.store_swiglu_input is True
+    assert MoEBlock(ModelConfig(expert_backend="mxfp8")).experts.backend.store_swiglu_input is False
+    for backend, recompute in (("grouped", False), ("mxfp8", True)):
+        with pytest.raises(FoldmillError, match=(
+                "^mxfp8_store_swiglu_input needs expert_backend mxfp8 and recompute_experts off "
+                rf"\(recomputing keeps less\), got expert_backend {backend} and recompute_experts "
+                f"{str(recompute).lower()}$")):
+            ModelConfig(expert_backend=backend, recompute_experts=recompute, mxfp8_store_swiglu_input=True)
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -143,13 +143,15 @@ def test_gradient_norm_kernel_is_the_float64_norm_and_can_be_captured():
     assert torch.equal(captured, total)
 
 
-@pytest.mark.parametrize(("backend", "tolerance"),
-                         [("loop", 1e-2), ("grouped", 1e-2), ("fp8_rowwise", 0.1), ("mxfp8", 0.1),
-                          pytest.param("quack", 1e-2, marks=needs_quack)])
-def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance):
+@pytest.mark.parametrize(("backend", "tolerance", "fields"),
+                         [("loop", 1e-2, {}), ("grouped", 1e-2, {}), ("fp8_rowwise", 0.1, {}), ("mxfp8", 0.1, {}),
+                          ("mxfp8", 0.1, {"mxfp8_store_swiglu_input": True}),
+                          pytest.param("quack", 1e-2, {}, marks=needs_quack)],
+                         ids=["loop", "grouped", "fp8_rowwise", "mxfp8", "mxfp8 storing the SwiGLU input", "quack"])
+def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance, fields):
     from test_moe_experts import compare_with_reference
 
-    compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048)
+    compare_with_reference(backend, CUDA, torch.bfloat16, tolerance, hidden=256, ffn=512, tokens=2048, **fields)
 
 
 @needs_quack
@@ -445,6 +447,17 @@ def test_mx_round_trip_kernel_is_bit_exact_against_emulation():
     assert_same_bits(by_rows, want)
 
 
+def swiglu_case(ffn: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h (320, 2F) bf16 with rows of very different scales and one NaN, p, grad_a (320, F) bf16) on the GPU."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = 320
+    h = torch.randn(rows, 2 * ffn, generator=generator) * torch.exp(torch.randn(rows, 1, generator=generator) * 4)
+    h[5, 7] = float("nan")
+    p = torch.rand(rows, generator=generator)
+    grad_a = (torch.randn(rows, ffn, generator=generator) * 10.0 ** torch.randint(-6, 3, (rows, 1))).bfloat16()
+    return h.bfloat16().to(CUDA), p.to(CUDA), grad_a.to(CUDA)
+
+
 @pytest.mark.parametrize("ffn", [256, 1056])
 def test_swiglu_kernels_write_the_same_mxfp8_copies_as_the_separate_round_trip(ffn):
     """The MXFP8 backend's SwiGLU writes its outputs' copies itself: bit for bit those that the plain
@@ -457,13 +470,7 @@ def test_swiglu_kernels_write_the_same_mxfp8_copies_as_the_separate_round_trip(f
         swiglu_forward_triton,
     )
 
-    generator = torch.Generator().manual_seed(9)
-    rows = 320
-    h = torch.randn(rows, 2 * ffn, generator=generator) * torch.exp(torch.randn(rows, 1, generator=generator) * 4)
-    h[5, 7] = float("nan")
-    h = h.bfloat16().to(CUDA)
-    p = torch.rand(rows, generator=generator).to(CUDA)
-    grad_a = (torch.randn(rows, ffn, generator=generator) * 10.0 ** torch.randint(-6, 3, (rows, 1))).bfloat16().to(CUDA)
+    h, p, grad_a = swiglu_case(ffn, seed=9)
 
     values, kept = swiglu_forward_mx_triton(h, p)
     want_values, _, want_kept = mx_round_trip_triton(swiglu_forward_triton(h, p), True, False, True, torch.bfloat16)
@@ -484,6 +491,38 @@ def test_swiglu_kernels_write_the_same_mxfp8_copies_as_the_separate_round_trip(f
     finite = torch.isfinite(want_grad_p)
     assert torch.equal(torch.isfinite(grad_p), finite)
     assert bool(((grad_p - want_grad_p).abs()[finite] <= 1e-5 * magnitude[finite]).all())
+
+
+@pytest.mark.parametrize("ffn", [256, 1056])
+def test_swiglu_kernels_storing_their_input_give_the_separate_steps_bits(ffn):
+    """With the MXFP8 backend's store_swiglu_input, the forward kernel writes a's copy along F as it
+    does without, and h's MXFP8 copy as quantize_mx_triton makes it; from that copy, a's along-rows
+    values and the backward kernel's copies and dp are, bit for bit, those of the same kernels run on
+    the copy's values in bf16 (rows of very different scales, a NaN row too)."""
+    from foldmill.moe.kernels.mx_quant import mx_round_trip_triton, quantize_mx_triton
+    from foldmill.moe.kernels.swiglu import (
+        swiglu_along_rows_from_stored_triton,
+        swiglu_backward_mx_triton,
+        swiglu_forward_mx_triton,
+        swiglu_forward_triton,
+    )
+
+    h, p, grad_a = swiglu_case(ffn, seed=10)
+
+    values, h_mx = swiglu_forward_mx_triton(h, p, store_input=True)
+    assert_same_bits(values, swiglu_forward_mx_triton(h, p)[0])
+    want_h = quantize_mx_triton(h)
+    assert torch.equal(h_mx.data.view(torch.uint8), want_h.data.view(torch.uint8))
+    assert torch.equal(h_mx.scale, want_h.scale)
+
+    h_values = h_mx.dequantize(torch.bfloat16)
+    _, want_rows, _ = mx_round_trip_triton(swiglu_forward_triton(h_values, p), False, True, False, torch.bfloat16)
+    assert_same_bits(swiglu_along_rows_from_stored_triton(h_mx, p, torch.bfloat16), want_rows)
+    got = swiglu_backward_mx_triton(h_mx, p, grad_a)
+    want = swiglu_backward_mx_triton(h_values, p, grad_a)
+    for got_tensor, want_tensor in zip(got[:2], want[:2]):
+        assert_same_bits(got_tensor, want_tensor)
+    assert torch.equal(got[2].nan_to_num(7.0), want[2].nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("expert_rows", [96, 40])  # TMA; pointer stores and 8-row maxima

@@ -139,6 +139,76 @@ def test_mxfp8_backend_gradients_equal_the_dequantized_products():
     assert torch.count_nonzero(dw[1]) == 0
 
 
+def _stored_input_case(seed: int):
+    """An expert MLP's operands on CPU: 3 experts (one with no rows), hidden 64, FFN 96."""
+    generator = torch.Generator().manual_seed(seed)
+    ends = torch.tensor([64, 64, 160], dtype=torch.int32)
+    x = torch.randn(160, 64, generator=generator)
+    probs = torch.rand(160, generator=generator)
+    w13 = torch.randn(3, 192, 64, generator=generator) / 8
+    w2 = torch.randn(3, 64, 96, generator=generator) / 10
+    grad_y = torch.randn(160, 64, generator=generator)
+    return x, probs, w13, w2, ends, grad_y
+
+
+def _experts_and_gradients(gemm, x, probs, w13, w2, ends, grad_y, inspect=lambda node: None):
+    """(output, gradients of x, probs, w13, w2); `inspect` sees the autograd node before the backward."""
+    from foldmill.moe.experts.mlp import grouped_swiglu_experts
+
+    leaves = [t.clone().requires_grad_() for t in (x, probs, w13, w2)]
+    y = grouped_swiglu_experts(*leaves, ends, gemm)
+    inspect(y.grad_fn)
+    y.backward(grad_y)
+    assert y.grad_fn.h_saved is None and y.grad_fn.a_saved is None  # dropped once the backward has run
+    return y.detach(), [leaf.grad for leaf in leaves]
+
+
+def test_mxfp8_stored_swiglu_input_keeps_only_its_copy_and_takes_the_gradient_there():
+    """With store_swiglu_input the forward pass is unchanged, the backward keeps h only as its MXFP8
+    copy (no a), and every gradient is the MXFP8 backend's computed with h's copy in place of h:
+    written out here from the format's own steps."""
+    from foldmill.moe.experts.mxfp8 import StoredSwiGLUInput
+    from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
+
+    def kept_only_the_copy(node):
+        assert isinstance(node.h_saved, StoredSwiGLUInput) and node.a_saved is node.h_saved
+        assert node.h_saved.h.data.dtype == torch.float8_e4m3fn and node.h_saved.h.data.shape == (160, 192)
+
+    x, probs, w13, w2, ends, grad_y = _stored_input_case(4)
+    y_plain, grads_plain = _experts_and_gradients(MXFP8Gemm(), x, probs, w13, w2, ends, grad_y)
+    y, grads = _experts_and_gradients(MXFP8Gemm(store_swiglu_input=True), x, probs, w13, w2, ends, grad_y,
+                                      kept_only_the_copy)
+    assert torch.equal(y, y_plain)
+
+    cols = lambda t: quantize_mx(t).dequantize()  # blocks along the last dimension
+    rows = lambda t: quantize_mx(t.transpose(-2, -1)).dequantize().transpose(-2, -1)  # blocks along the rows
+    h = F.grouped_mm(cols(x), cols(w13).transpose(-2, -1), offs=ends)
+    h_copy = cols(h)
+    grad_a = F.grouped_mm(cols(grad_y), rows(w2), offs=ends)
+    grad_w2 = F.grouped_mm(rows(grad_y).t(), rows(swiglu_forward(h_copy, probs)), offs=ends)
+    grad_h, grad_probs = swiglu_backward(h_copy, probs, grad_a)
+    grad_x = F.grouped_mm(cols(grad_h), rows(w13), offs=ends)
+    grad_w13 = F.grouped_mm(rows(grad_h).t(), rows(x), offs=ends)
+    for name, got, want in zip(("x", "probs", "w13", "w2"), grads, (grad_x, grad_probs, grad_w13, grad_w2)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), name
+    # The copy really is what the gradients were taken at: h itself gives other gradients.
+    assert not torch.allclose(grads[2], grads_plain[2], rtol=1e-4, atol=0)
+
+
+def test_mxfp8_stored_swiglu_input_on_the_block_scaled_route_gives_the_emulated_gradients(monkeypatch):
+    """Blackwell's route (quantize, then block-scaled GEMMs; here their torch fallbacks on CPU) keeps
+    the same copy of h and gives the same gradients as the emulation."""
+    from foldmill.moe.experts import mxfp8
+
+    case = _stored_input_case(5)
+    y_emulated, grads_emulated = _experts_and_gradients(MXFP8Gemm(store_swiglu_input=True), *case)
+    monkeypatch.setattr(mxfp8, "gemm_route", lambda tensor: "block_scaled")
+    y, grads = _experts_and_gradients(MXFP8Gemm(store_swiglu_input=True), *case)
+    assert torch.allclose(y, y_emulated, rtol=1e-5, atol=1e-6)
+    for name, got, want in zip(("x", "probs", "w13", "w2"), grads, grads_emulated):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), name
+
+
 def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     from foldmill.bench.moe import add_mfu, markdown_table
     from foldmill.moe.train.metrics import spec_peaks
@@ -175,10 +245,13 @@ def test_bench_moe_kernel_cases_run_and_count_their_bytes():
     cases = kernel_cases(config, tokens, device="cpu")
     rows, hidden, ffn = tokens * config.top_k, config.hidden_size, config.ffn_size
     by_name = {case.variant: case for case in cases}
-    assert len(by_name) == len(cases) == 11
+    assert len(by_name) == len(cases) == 14
     assert by_name["bf16 copy of x (memory-speed reference)"].bytes_moved == 2 * 2 * rows * hidden
     plain, mx = by_name["SwiGLU forward"], by_name["SwiGLU forward writing MXFP8 copies"]
     assert mx.bytes_moved - plain.bytes_moved == rows * ffn + rows * ffn // 32  # the kept copy and its scales
+    # Storing h's copy instead of a's along-rows copy writes twice the elements: h is 2F wide.
+    stored = by_name["SwiGLU forward writing a's copy along F and h's MXFP8 copy (moe.mxfp8_store_swiglu_input)"]
+    assert stored.bytes_moved - mx.bytes_moved == rows * ffn + rows * ffn // 32
     for case in cases:
         assert case.run() is not None, case.variant
     assert kernel_shape("tiny", config, tokens) == f"tiny: {rows} expert rows, hidden {hidden}, FFN {ffn}"
@@ -306,17 +379,26 @@ COMPILE_CASES = {
                                                        ("x and a", False, True, 64, 2),
                                                        ("all three", True, True, 64, 4)]
     },
-    # The SwiGLU kernels, plain and writing the MXFP8 backend's copies (kernels/swiglu.py launches).
+    # The SwiGLU kernels, plain and writing the MXFP8 backend's copies (kernels/swiglu.py launches):
+    # a's copies, or a's values and h's copy (store_swiglu_input), or a's along-rows values from h's copy.
     **{
         f"_swiglu_forward_kernel[{name}]": (
             "foldmill.moe.kernels.swiglu",
-            {"h_ptr": "*bf16", "p_ptr": "*fp32", "a_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*u8"},
+            {"h_ptr": "*fp8e4nv" if h_mx else "*bf16", "h_scale_ptr": "*u8", "p_ptr": "*fp32", "a_ptr": "*bf16",
+             "by_rows_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "h_data_ptr": "*fp8e4nv",
+             "h_scales_ptr": "*u8"},
             ("rows", "ffn"),
-            {"MX_ROUND_TRIP": mx, "BLOCK_R": 32, "BLOCK_F": block_f},
+            {"H_MX": h_mx, "ALONG_COLS_VALUES": cols, "ALONG_ROWS_VALUES": rows, "ALONG_ROWS_MX": rows_mx,
+             "STORE_H_MX": store, "BLOCK_R": 32, "BLOCK_F": block_f},
             None,
             (warps, 3),
         )
-        for name, mx, block_f, warps in [("plain", False, 128, 4), ("mx", True, 64, 2)]
+        for name, h_mx, cols, rows, rows_mx, store, block_f, warps in [
+            ("plain", False, False, False, False, False, 128, 4),
+            ("mx", False, True, False, True, False, 64, 2),
+            ("mx, storing h", False, True, False, False, True, 64, 2),
+            ("mx, a along rows from stored h", True, False, True, False, False, 64, 2),
+        ]
     },
     "_swiglu_backward_kernel": (
         "foldmill.moe.kernels.swiglu",
@@ -324,15 +406,18 @@ COMPILE_CASES = {
         ("rows", "ffn"),
         {"BLOCK_R": 16, "BLOCK_F": 128},
     ),
-    "_swiglu_backward_mx_kernel": (
-        "foldmill.moe.kernels.swiglu",
-        {"h_ptr": "*bf16", "p_ptr": "*fp32", "da_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16",
-         "dp_ptr": "*fp32"},
-        ("rows", "ffn"),
-        {"BLOCK_F": 64},
-        None,
-        (4, 3),  # swiglu._MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS
-    ),
+    **{
+        f"_swiglu_backward_mx_kernel[{name}]": (
+            "foldmill.moe.kernels.swiglu",
+            {"h_ptr": "*fp8e4nv" if h_mx else "*bf16", "h_scale_ptr": "*u8", "p_ptr": "*fp32", "da_ptr": "*bf16",
+             "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "dp_ptr": "*fp32"},
+            ("rows", "ffn"),
+            {"H_MX": h_mx, "BLOCK_F": 64},
+            None,
+            (4, 3),  # swiglu._MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS
+        )
+        for name, h_mx in [("h", False), ("stored h", True)]
+    },
     "_dequantize_rows_kernel": (
         "foldmill.moe.kernels.mx_quant",
         {"data_ptr": "*fp8e4nv", "scale_ptr": "*u8", "out_ptr": "*bf16"},

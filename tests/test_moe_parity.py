@@ -17,7 +17,7 @@ from foldmill.errors import FoldmillError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
 MSA = REPO / "tests/data/msas/seq2.a3m"
-BACKENDS = ["grouped", "fp8_rowwise", "fp8_rowwise_promoted_accumulation", "mxfp8"]
+BACKENDS = ["grouped", "fp8_rowwise", "fp8_rowwise_promoted_accumulation", "mxfp8", "mxfp8_store_swiglu_input"]
 SEEDS = [3, 4]
 STEPS, EVAL_EVERY = 4, 2
 
@@ -65,9 +65,10 @@ def test_every_backend_trains_the_same_steps_and_validates_on_schedule(parity_ru
             assert result["final_val_loss"] == pytest.approx(result["validation"][-1]["val_loss"], abs=1e-5)
             assert result["best_val"]["val_loss"] == min(v["val_loss"] for v in result["validation"])
             assert result["train_config"]["seed"] == int(seed)
-            assert result["model_config"]["expert_backend"] == name.removesuffix("_promoted_accumulation")
+            assert result["model_config"]["expert_backend"] == name.split("_promoted")[0].split("_store")[0]
             # Fast accumulation by default; the variant promotes; the other backends never read it.
             assert result["model_config"]["fp8_fast_accumulation"] == (name == "fp8_rowwise"), name
+            assert result["model_config"]["mxfp8_store_swiglu_input"] == (name == "mxfp8_store_swiglu_input"), name
             assert result["model_config"]["hidden_size"] == 64 and result["model_config"]["num_experts"] == 8
             # The whole validation split every time: the same token count for every backend.
             assert result["val_tokens"] == payload["runs"]["grouped"][seed]["val_tokens"] > 0

@@ -1,8 +1,9 @@
 """The `kernels` section of `foldmill bench moe`: the memory-bound kernels around the expert GEMMs.
 
-SwiGLU (plain, and writing the MXFP8 backend's copies), the 8-bit copies of an expert GEMM's input,
-output gradient and weights, and the dequantization of the MXFP8 copy kept for wgrad, at one
-model's expert shapes, beside a bf16 copy of the same input as the memory-speed reference. Each
+SwiGLU (plain, writing the MXFP8 backend's copies, and storing its input in MXFP8 with the kernels
+that read that copy), the 8-bit copies of an expert GEMM's input, output gradient and weights, and
+the dequantization of the MXFP8 copy kept for wgrad, at one model's expert shapes, beside a bf16
+copy of the same input as the memory-speed reference. Each
 kernel is timed in a CUDA graph (these kernels are shorter than their launch from Python). The
 bytes counted are those of the tensors each call reads and writes: MXFP8 scales included; routing
 probabilities, their gradients and FP8's per-row and per-column scales (a few KiB) left out. The
@@ -23,8 +24,10 @@ from foldmill.moe.experts.mxfp8 import (
     gradient_copies,
     input_copies,
     round_trip,
+    stored_swiglu_along_rows,
     swiglu_backward_copies,
     swiglu_forward_copies,
+    swiglu_forward_storing_input,
 )
 from foldmill.moe.experts.swiglu import swiglu_backward, swiglu_forward
 from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_weight_copies
@@ -60,6 +63,7 @@ def kernel_cases(config: ModelConfig, tokens: int, device: torch.device | str = 
     probs = torch.rand(rows, device=device, generator=generator)
     ends = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * (rows // experts)
     kept = input_copies(x).kept
+    stored = swiglu_forward_storing_input(h, probs).stored
     n_x, n_h, n_w = x.numel(), h.numel(), w13.numel()
     return [
         KernelCase("bf16 copy of x (memory-speed reference)", x.clone, 4 * n_x),
@@ -69,6 +73,12 @@ def kernel_cases(config: ModelConfig, tokens: int, device: torch.device | str = 
                    2 * n_h + n_h + n_h // 2 + n_h // 64),
         KernelCase("SwiGLU backward writing MXFP8 copies", lambda: swiglu_backward_copies(h, probs, grad_a),
                    2 * n_h + n_h + 4 * n_h),
+        KernelCase("SwiGLU forward writing a's copy along F and h's MXFP8 copy (moe.mxfp8_store_swiglu_input)",
+                   lambda: swiglu_forward_storing_input(h, probs), 2 * n_h + n_h + n_h + n_h // 32),
+        KernelCase("SwiGLU backward from h's MXFP8 copy, writing MXFP8 copies",
+                   lambda: swiglu_backward_copies(stored, probs, grad_a), n_h + n_h // 32 + n_h + 4 * n_h),
+        KernelCase("a's along-rows MXFP8 copy from h's MXFP8 copy (the second GEMM's wgrad operand)",
+                   lambda: stored_swiglu_along_rows(stored), n_h + n_h // 32 + n_h),
         KernelCase("MXFP8 copies of x (values along K, the kept along-rows copy)", lambda: input_copies(x),
                    2 * n_x + 2 * n_x + n_x + n_x // 32),
         KernelCase("MXFP8 copies of dy (values both ways)", lambda: gradient_copies(dy), 2 * n_x + 4 * n_x),

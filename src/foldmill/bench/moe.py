@@ -702,6 +702,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     for backend in backends:
         row(f"foldmill {backend}, CUDA graph (moe.cuda_graphs)", foldmill_model(backend), GEMM_PRECISION[backend],
             graphed=True)
+    if "mxfp8" in backends:
+        row("foldmill mxfp8, CUDA graph, SwiGLU input stored in MXFP8 (moe.mxfp8_store_swiglu_input)",
+            foldmill_model("mxfp8", mxfp8_store_swiglu_input=True), "fp8", graphed=True)
     if captured_only:
         if "grouped" in backends:
             row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,

@@ -47,7 +47,8 @@ BENCH_OWNED = {"expert_backend", "eval_every", "eval_batches", "checkpoint_every
                "expert_parallel", "seed"}
 # Names the backends list takes besides the expert backends themselves: name -> (expert backend,
 # TrainConfig overrides).
-VARIANTS = {"fp8_rowwise_promoted_accumulation": ("fp8_rowwise", {"fp8_fast_accumulation": False})}
+VARIANTS = {"fp8_rowwise_promoted_accumulation": ("fp8_rowwise", {"fp8_fast_accumulation": False}),
+            "mxfp8_store_swiglu_input": ("mxfp8", {"mxfp8_store_swiglu_input": True})}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -307,7 +308,8 @@ def seed_spread(by_seed: dict[int, dict]) -> float | None:
 # ---------------------------------------------------------------- report
 
 LABELS = {"loop": "bf16 loop", "grouped": "bf16 grouped", "fp8_rowwise": "FP8 row-wise", "mxfp8": "MXFP8",
-          "fp8_rowwise_promoted_accumulation": "FP8 row-wise, promoted accumulation"}
+          "fp8_rowwise_promoted_accumulation": "FP8 row-wise, promoted accumulation",
+          "mxfp8_store_swiglu_input": "MXFP8, SwiGLU input stored in MXFP8"}
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 
 

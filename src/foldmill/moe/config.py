@@ -33,6 +33,10 @@ class ModelConfig:
     recompute_experts: bool = False
     # fp8_rowwise only: FP8 tensor-core accumulation without fp32 promotion (experts.fp8_rowwise).
     fp8_fast_accumulation: bool = True
+    # mxfp8 only: keep the SwiGLU's input for the backward pass as its MXFP8 copy instead of in bf16
+    # (experts.mxfp8): less activation memory; the SwiGLU's gradient is then taken at the values of
+    # that copy.
+    mxfp8_store_swiglu_input: bool = False
     attention: str = "torch"  # one of ATTENTION_KERNELS
     init_std: float = 0.02
 
@@ -46,6 +50,12 @@ class ModelConfig:
             raise FoldmillError(f"attention must be one of {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
         if not 1 <= self.top_k <= self.num_experts:
             raise FoldmillError(f"top_k {self.top_k} must be between 1 and num_experts {self.num_experts}")
+        if self.mxfp8_store_swiglu_input and (self.expert_backend != "mxfp8" or self.recompute_experts):
+            raise FoldmillError(
+                "mxfp8_store_swiglu_input needs expert_backend mxfp8 and recompute_experts off (recomputing "
+                f"keeps less), got expert_backend {self.expert_backend} and recompute_experts "
+                f"{str(self.recompute_experts).lower()}"
+            )
         # 8-bit GEMMs block (MXFP8: 32) or align (FP8 on Hopper: 16) both expert dimensions.
         multiple = {"mxfp8": 32, "fp8_rowwise": 16}.get(self.expert_backend, 1)
         if self.hidden_size % multiple or self.ffn_size % multiple:
@@ -95,6 +105,7 @@ class TrainConfig:
     expert_backend: str = "grouped"
     recompute_experts: bool = False  # ModelConfig.recompute_experts
     fp8_fast_accumulation: bool = True  # ModelConfig.fp8_fast_accumulation
+    mxfp8_store_swiglu_input: bool = False  # ModelConfig.mxfp8_store_swiglu_input
     steps: int = 100
     batch_size: int = 8  # sequences per GPU (per process) and forward pass (micro-batch)
     # Micro-batches per optimizer step and process: their gradients are summed before the update, so

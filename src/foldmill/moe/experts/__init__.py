@@ -17,9 +17,12 @@ BACKENDS = ("loop", "grouped", "fp8_rowwise", "mxfp8", "quack")
 GEMM_PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp8": "fp8", "quack": "bf16"}
 
 
-def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation) -> ExpertGemm:
+def get_backend(
+    name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation,
+    mxfp8_store_swiglu_input: bool = ModelConfig.mxfp8_store_swiglu_input,
+) -> ExpertGemm:
     """The expert GEMM backend called `name` (one of BACKENDS); `fp8_fast_accumulation` applies to
-    fp8_rowwise (experts.fp8_rowwise)."""
+    fp8_rowwise (experts.fp8_rowwise), `mxfp8_store_swiglu_input` to mxfp8 (experts.mxfp8)."""
     if name == "loop":
         return LoopGemm()
     if name == "grouped":
@@ -31,7 +34,7 @@ def get_backend(name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_ac
     if name == "mxfp8":
         from foldmill.moe.experts.mxfp8 import MXFP8Gemm
 
-        return MXFP8Gemm()
+        return MXFP8Gemm(store_swiglu_input=mxfp8_store_swiglu_input)
     if name == "quack":
         from foldmill.moe.experts.quack_fused import QuackGemm
 

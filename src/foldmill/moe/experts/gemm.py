@@ -42,10 +42,13 @@ class ExpertGemm(Protocol):
     def swiglu_forward(self, h: torch.Tensor, row_probs: torch.Tensor) -> object:
         """SwiGLU's output a (experts.swiglu) in a form `forward` takes as x."""
 
+    def saved_swiglu_input(self, h: torch.Tensor, a_saved: object) -> object:
+        """What the backward pass keeps of h for `swiglu_backward`, given the second GEMM's `saved`."""
+
     def swiglu_backward(
-        self, h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor
+        self, h: object, row_probs: torch.Tensor, grad_a: torch.Tensor
     ) -> tuple[object, torch.Tensor]:
-        """(grad_h in a form `backward` takes as dy, grad_row_probs)."""
+        """(grad_h in a form `backward` takes as dy, grad_row_probs); h as `saved_swiglu_input` kept it."""
 
 
 def group_bounds(ends: torch.Tensor) -> list[tuple[int, int]]:

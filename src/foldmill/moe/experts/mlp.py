@@ -9,7 +9,9 @@ copies directly).
 
 With `recompute`, the forward keeps x instead of h (rows x 2F, the largest activation of the step)
 and x's 8-bit copy, and the backward runs the first GEMM again: the same operands through the same
-deterministic kernels give the same h, for one more GEMM per layer.
+deterministic kernels give the same h, for one more GEMM per layer. Otherwise the backend says what
+the backward reads for h (`saved_swiglu_input`): h itself, or a compact copy of it that the second
+GEMM's saved operand carries (the MXFP8 backend's `store_swiglu_input`).
 """
 
 from __future__ import annotations
@@ -26,20 +28,25 @@ class GroupedSwiGLUExperts(torch.autograd.Function):
         a = gemm.swiglu_forward(h, row_probs)
         y, a_saved = gemm.forward(a, w2, ends)
         ctx.gemm, ctx.recompute = gemm, recompute
-        # Backend-specific forms of x and a may be tuples or MXFP8 tensors: kept on ctx.
+        # Backend-specific forms of x, h and a may be tuples or MXFP8 tensors: kept on ctx.
         ctx.x_saved, ctx.a_saved = (None if recompute else x_saved), a_saved
-        ctx.save_for_backward(row_probs, w13, w2, ends, x if recompute else h)
+        kept = x if recompute else gemm.saved_swiglu_input(h, a_saved)
+        # A tensor goes through save_for_backward (saved-tensor hooks see it); a backend's compact
+        # copy of h stays on ctx with x's and a's.
+        ctx.h_saved = None if isinstance(kept, torch.Tensor) else kept
+        ctx.save_for_backward(row_probs, w13, w2, ends, kept if ctx.h_saved is None else None)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         row_probs, w13, w2, ends, kept = ctx.saved_tensors
+        kept = kept if ctx.h_saved is None else ctx.h_saved
         gemm = ctx.gemm
         h, x_saved = gemm.forward(kept, w13, ends) if ctx.recompute else (kept, ctx.x_saved)
         grad_a, grad_w2 = gemm.backward(grad_y.contiguous(), w2, ctx.a_saved, ends)
         grad_h, grad_probs = gemm.swiglu_backward(h, row_probs, grad_a)
         grad_x, grad_w13 = gemm.backward(grad_h, w13, x_saved, ends)
-        ctx.x_saved = ctx.a_saved = None
+        ctx.x_saved = ctx.a_saved = ctx.h_saved = None
         return grad_x, grad_probs.to(row_probs.dtype), grad_w13, grad_w2, None, None, None
 
 

@@ -15,6 +15,13 @@ Each copy is quantized from the high-precision tensor. Where the GEMMs run (`gem
   (`ExactCopies`), so those tensors are never written in full precision and read back.
 - "emulated" (CPU): the same steps in torch, float32 GEMMs: the numerical reference.
 PyTorch's MXFP8 scaled_grouped_mm is never called: on sm90 it launches an sm100 kernel that poisons the context.
+
+`store_swiglu_input` (`moe.mxfp8_store_swiglu_input`) keeps the SwiGLU's input h, the largest
+activation of the expert MLP (rows x 2F), as its MXFP8 copy (blocks along 2F) for the backward
+pass, instead of h in bf16 and a's along-rows copy: the backward takes the SwiGLU's gradient at
+the values of that copy and computes a again from them for the second GEMM's weight gradient, as
+DeepSeek-V3 keeps the SwiGLU's input in FP8. The forward pass and every GEMM's operands stay as
+above; only what the backward reads for h changes.
 """
 
 from __future__ import annotations
@@ -125,6 +132,28 @@ def gradient_copies(dy: torch.Tensor) -> ExactCopies:
     return ExactCopies(along_cols, along_rows, None, dy.dtype)
 
 
+@dataclass
+class StoredSwiGLUInput:
+    """The SwiGLU's input h kept for the backward pass as its MXFP8 copy (blocks along 2F), with
+    the routing weights that a = SwiGLU(h, p) is computed again from (`store_swiglu_input`)."""
+
+    h: MXTensor
+    row_probs: torch.Tensor
+    dtype: torch.dtype
+
+    def values(self) -> torch.Tensor:
+        """h's exact values in this copy, as `dtype` (E4M3 x 2^k is exact in bf16)."""
+        return self.h.dequantize(self.dtype)
+
+
+@dataclass
+class StoredSwiGLUOutput:
+    """SwiGLU's output in the form the second GEMM takes, and what its backward keeps instead."""
+
+    operand: object
+    stored: StoredSwiGLUInput
+
+
 def swiglu_forward_copies(h: torch.Tensor, row_probs: torch.Tensor) -> ExactCopies:
     """SwiGLU's output a as `input_copies` would give it, written by the SwiGLU kernel itself."""
     if use_triton(h):
@@ -135,17 +164,43 @@ def swiglu_forward_copies(h: torch.Tensor, row_probs: torch.Tensor) -> ExactCopi
     return input_copies(swiglu_forward(h, row_probs))
 
 
+def swiglu_forward_storing_input(h: torch.Tensor, row_probs: torch.Tensor) -> StoredSwiGLUOutput:
+    """a's values blocked along F (for the second GEMM) and h's MXFP8 copy, in one pass over h."""
+    if use_triton(h):
+        from foldmill.moe.kernels.swiglu import swiglu_forward_mx_triton
+
+        values, h_mx = swiglu_forward_mx_triton(h, row_probs, store_input=True)
+    else:
+        values, _, _ = round_trip(swiglu_forward(h, row_probs), along_cols=True, along_rows=False)
+        h_mx = quantize_mx(h)
+    return StoredSwiGLUOutput(ExactCopies(values, None, None, h.dtype), StoredSwiGLUInput(h_mx, row_probs, h.dtype))
+
+
+def stored_swiglu_along_rows(stored: StoredSwiGLUInput) -> torch.Tensor:
+    """Values of the along-rows MXFP8 copy of a, computed again from h's stored copy (the second
+    GEMM's weight-gradient operand)."""
+    if use_triton(stored.h.data):
+        from foldmill.moe.kernels.swiglu import swiglu_along_rows_from_stored_triton
+
+        return swiglu_along_rows_from_stored_triton(stored.h, stored.row_probs, stored.dtype)
+    _, along_rows, _ = round_trip(swiglu_forward(stored.values(), stored.row_probs), along_cols=False,
+                                  along_rows=True)
+    return along_rows
+
+
 def swiglu_backward_copies(
-    h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor
+    h: torch.Tensor | StoredSwiGLUInput, row_probs: torch.Tensor, grad_a: torch.Tensor
 ) -> tuple[ExactCopies, torch.Tensor]:
     """(grad_h as `gradient_copies` would give it, written by the SwiGLU backward kernel itself;
-    grad_row_probs)."""
-    if use_triton(h):
+    grad_row_probs). h is the SwiGLU's input, or its stored MXFP8 copy."""
+    if use_triton(grad_a):
         from foldmill.moe.kernels.swiglu import swiglu_backward_mx_triton
 
-        along_cols, along_rows, grad_probs = swiglu_backward_mx_triton(h, row_probs, grad_a)
-        return ExactCopies(along_cols, along_rows, None, h.dtype), grad_probs
-    grad_h, grad_probs = swiglu_backward(h, row_probs, grad_a)
+        h_operand = h.h if isinstance(h, StoredSwiGLUInput) else h
+        along_cols, along_rows, grad_probs = swiglu_backward_mx_triton(h_operand, row_probs, grad_a)
+        return ExactCopies(along_cols, along_rows, None, grad_a.dtype), grad_probs
+    h_values = h.values() if isinstance(h, StoredSwiGLUInput) else h
+    grad_h, grad_probs = swiglu_backward(h_values, row_probs, grad_a)
     return gradient_copies(grad_h), grad_probs
 
 
@@ -154,20 +209,32 @@ class MXFP8Gemm:
     pad_multiple = BLOCK
     nonempty_groups = False
 
-    def __init__(self) -> None:
+    def __init__(self, store_swiglu_input: bool = False) -> None:
         self.weights = WeightCache()
+        self.store_swiglu_input = store_swiglu_input
 
     def swiglu_forward(self, h, row_probs):
-        if gemm_route(h) == "block_scaled":
-            return swiglu_forward(h, row_probs)
-        return swiglu_forward_copies(h, row_probs)
+        block_scaled = gemm_route(h) == "block_scaled"
+        if self.store_swiglu_input:
+            if block_scaled:
+                stored = StoredSwiGLUInput(quantize(h), row_probs, h.dtype)
+                return StoredSwiGLUOutput(swiglu_forward(h, row_probs), stored)
+            return swiglu_forward_storing_input(h, row_probs)
+        return swiglu_forward(h, row_probs) if block_scaled else swiglu_forward_copies(h, row_probs)
+
+    @staticmethod
+    def saved_swiglu_input(h, a_saved):
+        """What the backward reads for h: its stored copy, which the second GEMM's `saved` carries."""
+        return a_saved if isinstance(a_saved, StoredSwiGLUInput) else h
 
     def swiglu_backward(self, h, row_probs, grad_a):
-        if gemm_route(h) == "block_scaled":
-            return swiglu_backward(h, row_probs, grad_a)
+        if gemm_route(grad_a) == "block_scaled":
+            return swiglu_backward(h.values() if isinstance(h, StoredSwiGLUInput) else h, row_probs, grad_a)
         return swiglu_backward_copies(h, row_probs, grad_a)
 
     def forward(self, x, w, ends):
+        if isinstance(x, StoredSwiGLUOutput):  # the second GEMM keeps h's copy instead of a's
+            return self.forward(x.operand, w, ends)[0], x.stored
         if not isinstance(x, ExactCopies):  # ExactCopies come from this backend's SwiGLU
             if gemm_route(x) == "block_scaled":
                 w_mx = self.weights.get("forward", w, quantize)
@@ -181,9 +248,13 @@ class MXFP8Gemm:
             if gemm_route(dy) == "block_scaled":
                 wt_mx = self.weights.get("dgrad", w, lambda t: quantize(t.transpose(-2, -1)))
                 dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
+                if isinstance(saved, StoredSwiGLUInput):
+                    saved = swiglu_forward(saved.values(), saved.row_probs)
                 return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
             dy = gradient_copies(dy)
         _, w_along_n = self.weights.get("copies", w, _weight_copies)
         dx = F.grouped_mm(dy.along_cols, w_along_n, offs=ends).to(dy.dtype)
-        dw = F.grouped_mm(dy.along_rows.t(), along_rows_values(saved), offs=ends).to(dy.dtype)
+        saved_values = (stored_swiglu_along_rows(saved) if isinstance(saved, StoredSwiGLUInput)
+                        else along_rows_values(saved))
+        dw = F.grouped_mm(dy.along_rows.t(), saved_values, offs=ends).to(dy.dtype)
         return dx, dw

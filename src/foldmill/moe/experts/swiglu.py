@@ -50,5 +50,9 @@ class UnfusedSwiGLU:
         return swiglu_forward(h, row_probs)
 
     @staticmethod
+    def saved_swiglu_input(h: torch.Tensor, a_saved: object) -> torch.Tensor:
+        return h
+
+    @staticmethod
     def swiglu_backward(h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor):
         return swiglu_backward(h, row_probs, grad_a)

@@ -6,6 +6,11 @@ forward:  a = silu(g) * u * p for h = [g | u] (rows, 2F), p (rows,)
 backward: dg = da * p * u * silu'(g), du = da * p * silu(g), dp = sum_F da * silu(g) * u
 The MXFP8 copies are those of a and of [dg | du] rounded to h's dtype, as the separate round trip
 (mx_quant.mx_round_trip_triton) would make them, bit for bit.
+
+When the MXFP8 backend stores the SwiGLU's input (`store_swiglu_input`), the forward kernel also
+writes h's own MXFP8 copy (blocks along 2F, as mx_quant.quantize_mx_triton makes it) instead of a's
+along-rows copy, and the backward reads h from that copy: the backward kernel, and the forward
+kernel run again to give a's along-rows copy for the second GEMM's weight gradient.
 """
 
 from __future__ import annotations
@@ -14,31 +19,64 @@ import torch
 import triton
 import triton.language as tl
 
-from foldmill.moe.kernels.mx_quant import require_blocks, store_round_trip
+from foldmill.moe.kernels.mx_quant import mx_quantize_blocks, require_blocks, scale_factor, store_round_trip
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
+def _load_h(h_ptr, h_scale_ptr, offs_r, offs_c, mask, ffn, H_MX: tl.constexpr):
+    """float32 tile of h (rows, 2F) at columns offs_c: h itself, or the values of its MXFP8 copy
+    (E4M3 elements at h_ptr, one E8M0 scale per 32 columns at h_scale_ptr)."""
+    values = tl.load(h_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :], mask=mask, other=0.0)
+    values = values.to(tl.float32)
+    if H_MX:
+        scale_offsets = offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_c[None, :] // 32
+        values = values * scale_factor(tl.load(h_scale_ptr + scale_offsets, mask=mask, other=127))
+    return values
+
+
+@triton.jit
+def _store_h_mx(values, data_ptr, scale_ptr, offs_r, first_c, rows, ffn, BLOCK_R: tl.constexpr,
+                BLOCK_F: tl.constexpr):
+    """Store the MXFP8 copy (blocks along 2F) of the float32 (BLOCK_R, BLOCK_F) tile of h whose
+    first column is first_c (a multiple of 32, within the gate or the up half)."""
+    elements, scales = mx_quantize_blocks(tl.reshape(values, (BLOCK_R, BLOCK_F // 32, 32)))
+    offs_c = first_c + tl.arange(0, BLOCK_F)
+    half_end = (first_c // ffn + 1) * ffn
+    mask = (offs_r[:, None] < rows) & (offs_c[None, :] < half_end)
+    tl.store(data_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :],
+             tl.reshape(elements, (BLOCK_R, BLOCK_F)), mask=mask)
+    offs_s = first_c // 32 + tl.arange(0, BLOCK_F // 32)
+    scale_mask = (offs_r[:, None] < rows) & (offs_s[None, :] < half_end // 32)
+    tl.store(scale_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_s[None, :], scales, mask=scale_mask)
+
+
+@triton.jit
 def _swiglu_forward_kernel(
-    h_ptr, p_ptr, a_ptr, data_ptr, scale_ptr, rows, ffn,
-    MX_ROUND_TRIP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
+    h_ptr, h_scale_ptr, p_ptr, a_ptr, by_rows_ptr, data_ptr, scale_ptr, h_data_ptr, h_scales_ptr, rows, ffn,
+    H_MX: tl.constexpr, ALONG_COLS_VALUES: tl.constexpr, ALONG_ROWS_VALUES: tl.constexpr,
+    ALONG_ROWS_MX: tl.constexpr, STORE_H_MX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
+    # Without any MXFP8 output, a itself goes to a_ptr; otherwise store_round_trip's copies of a
+    # (a_ptr: values along F, by_rows_ptr: values along the rows, data/scale: the along-rows copy).
     pid_r, pid_f = tl.program_id(0), tl.program_id(1)
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = (offs_r[:, None] < rows) & (offs_f[None, :] < ffn)
-    base = offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_f[None, :]
-    gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + base + ffn, mask=mask, other=0.0).to(tl.float32)
+    gate = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f, mask, ffn, H_MX)
+    up = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f + ffn, mask, ffn, H_MX)
     p = tl.load(p_ptr + offs_r, mask=offs_r < rows, other=0.0).to(tl.float32)
     a = (gate * tl.sigmoid(gate) * up * p[:, None]).to(a_ptr.dtype.element_ty)
     out = offs_r[:, None].to(tl.int64) * ffn + offs_f[None, :]
-    if MX_ROUND_TRIP:
-        # a_ptr gets the values of a's copy with blocks along F; data and scale its along-rows copy.
-        store_round_trip(a.to(tl.float32), out, mask, a_ptr, a_ptr, data_ptr, scale_ptr,
-                         pid_r.to(tl.int64) * ffn + offs_f, offs_f < ffn, True, False, True, BLOCK_F)
+    if ALONG_COLS_VALUES or ALONG_ROWS_VALUES or ALONG_ROWS_MX:
+        store_round_trip(a.to(tl.float32), out, mask, a_ptr, by_rows_ptr, data_ptr, scale_ptr,
+                         pid_r.to(tl.int64) * ffn + offs_f, offs_f < ffn, ALONG_COLS_VALUES, ALONG_ROWS_VALUES,
+                         ALONG_ROWS_MX, BLOCK_F)
     else:
         tl.store(a_ptr + out, a, mask=mask)
+    if STORE_H_MX:
+        _store_h_mx(gate, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F, rows, ffn, BLOCK_R, BLOCK_F)
+        _store_h_mx(up, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F + ffn, rows, ffn, BLOCK_R, BLOCK_F)
 
 
 @triton.jit
@@ -76,7 +114,8 @@ def _swiglu_backward_kernel(
 
 @triton.jit
 def _swiglu_backward_mx_kernel(
-    h_ptr, p_ptr, da_ptr, by_cols_ptr, by_rows_ptr, dp_ptr, rows, ffn, BLOCK_F: tl.constexpr,
+    h_ptr, h_scale_ptr, p_ptr, da_ptr, by_cols_ptr, by_rows_ptr, dp_ptr, rows, ffn,
+    H_MX: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     # One (32 rows, BLOCK_F) tile of the gate half and the same of the up half per program (a loop
     # over F would spill registers); each program writes its share of dp, summed by the caller.
@@ -85,8 +124,8 @@ def _swiglu_backward_mx_kernel(
     offs_f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = (offs_r[:, None] < rows) & (offs_f[None, :] < ffn)
     base = offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_f[None, :]
-    gate = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + base + ffn, mask=mask, other=0.0).to(tl.float32)
+    gate = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f, mask, ffn, H_MX)
+    up = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f + ffn, mask, ffn, H_MX)
     da = tl.load(da_ptr + offs_r[:, None].to(tl.int64) * ffn + offs_f[None, :], mask=mask, other=0.0)
     p = tl.load(p_ptr + offs_r, mask=offs_r < rows, other=0.0).to(tl.float32)
     d_gate, d_up, dp_part = _swiglu_gradients(gate, up, da.to(tl.float32), p)
@@ -116,24 +155,52 @@ def swiglu_forward_triton(h: torch.Tensor, row_probs: torch.Tensor) -> torch.Ten
     rows, ffn = h.shape[0], h.shape[1] // 2
     a = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
     grid = (triton.cdiv(rows, 32), triton.cdiv(ffn, 128))
-    _swiglu_forward_kernel[grid](h, row_probs.contiguous(), a, a, a, rows, ffn, MX_ROUND_TRIP=False,
-                                 BLOCK_R=32, BLOCK_F=128, num_warps=4)
+    _swiglu_forward_kernel[grid](h, h, row_probs.contiguous(), a, a, a, a, a, a, rows, ffn, H_MX=False,
+                                 ALONG_COLS_VALUES=False, ALONG_ROWS_VALUES=False, ALONG_ROWS_MX=False,
+                                 STORE_H_MX=False, BLOCK_R=32, BLOCK_F=128, num_warps=4)
     return a
 
 
-def swiglu_forward_mx_triton(h: torch.Tensor, row_probs: torch.Tensor) -> tuple[torch.Tensor, MXTensor]:
+def swiglu_forward_mx_triton(
+    h: torch.Tensor, row_probs: torch.Tensor, store_input: bool = False
+) -> tuple[torch.Tensor, MXTensor]:
     """(exact values of a's MXFP8 copy with blocks along F, in h's dtype; a's along-rows MXFP8 copy,
-    an MXTensor of a's transposed view), without writing a itself."""
+    an MXTensor of a's transposed view, or with `store_input` h's MXFP8 copy with blocks along 2F
+    instead), without writing a itself."""
     h = h.contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
     require_blocks((rows, ffn), blocks_along_rows=True)
     values = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
-    data = torch.empty((rows, ffn), dtype=torch.float8_e4m3fn, device=h.device)
-    scale = torch.empty((rows // BLOCK, ffn), dtype=torch.uint8, device=h.device)
+    if store_input:
+        data = torch.empty_like(h, dtype=torch.float8_e4m3fn)
+        scale = torch.empty((rows, 2 * ffn // BLOCK), dtype=torch.uint8, device=h.device)
+        outputs = {"data_ptr": values, "scale_ptr": values, "h_data_ptr": data, "h_scales_ptr": scale}
+    else:
+        data = torch.empty((rows, ffn), dtype=torch.float8_e4m3fn, device=h.device)
+        scale = torch.empty((rows // BLOCK, ffn), dtype=torch.uint8, device=h.device)
+        outputs = {"data_ptr": data, "scale_ptr": scale, "h_data_ptr": values, "h_scales_ptr": values}
     grid = (rows // 32, triton.cdiv(ffn, _MX_FORWARD_BLOCK_F))
-    _swiglu_forward_kernel[grid](h, row_probs.contiguous(), values, data, scale, rows, ffn, MX_ROUND_TRIP=True,
-                                 BLOCK_R=32, BLOCK_F=_MX_FORWARD_BLOCK_F, num_warps=_MX_FORWARD_WARPS)
-    return values, MXTensor(data.t(), scale.t())
+    _swiglu_forward_kernel[grid](h, h, row_probs.contiguous(), values, values, **outputs, rows=rows, ffn=ffn,
+                                 H_MX=False, ALONG_COLS_VALUES=True, ALONG_ROWS_VALUES=False,
+                                 ALONG_ROWS_MX=not store_input, STORE_H_MX=store_input, BLOCK_R=32,
+                                 BLOCK_F=_MX_FORWARD_BLOCK_F, num_warps=_MX_FORWARD_WARPS)
+    return values, MXTensor(data, scale) if store_input else MXTensor(data.t(), scale.t())
+
+
+def swiglu_along_rows_from_stored_triton(
+    h: MXTensor, row_probs: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Exact values (rows, F), as `dtype`, of the along-rows MXFP8 copy of a = SwiGLU(h, p) computed
+    from h's MXFP8 copy (blocks along 2F): the second GEMM's weight-gradient operand."""
+    rows, ffn = h.data.shape[0], h.data.shape[1] // 2
+    require_blocks((rows, ffn), blocks_along_rows=True)
+    by_rows = torch.empty((rows, ffn), dtype=dtype, device=h.data.device)
+    grid = (rows // 32, triton.cdiv(ffn, _MX_FORWARD_BLOCK_F))
+    _swiglu_forward_kernel[grid](h.data, h.scale, row_probs.contiguous(), by_rows, by_rows, by_rows, by_rows,
+                                 by_rows, by_rows, rows, ffn, H_MX=True, ALONG_COLS_VALUES=False,
+                                 ALONG_ROWS_VALUES=True, ALONG_ROWS_MX=False, STORE_H_MX=False, BLOCK_R=32,
+                                 BLOCK_F=_MX_FORWARD_BLOCK_F, num_warps=_MX_FORWARD_WARPS)
+    return by_rows
 
 
 def swiglu_backward_triton(
@@ -150,18 +217,23 @@ def swiglu_backward_triton(
 
 
 def swiglu_backward_mx_triton(
-    h: torch.Tensor, row_probs: torch.Tensor, grad_a: torch.Tensor
+    h: torch.Tensor | MXTensor, row_probs: torch.Tensor, grad_a: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(exact values of grad_h's MXFP8 copies with blocks along 2F and along the rows, both (rows, 2F)
-    in h's dtype; grad_row_probs (rows,) float32), without writing grad_h itself."""
-    h, grad_a = h.contiguous(), grad_a.contiguous()
-    rows, ffn = h.shape[0], h.shape[1] // 2
+    in grad_a's dtype; grad_row_probs (rows,) float32), without writing grad_h itself. h is the
+    SwiGLU's input or its MXFP8 copy (blocks along 2F)."""
+    h_mx = isinstance(h, MXTensor)
+    h_data, h_scale = (h.data, h.scale) if h_mx else (h.contiguous(), None)
+    grad_a = grad_a.contiguous()
+    rows, ffn = h_data.shape[0], h_data.shape[1] // 2
     require_blocks((rows, ffn), blocks_along_rows=True)
-    along_cols, along_rows = torch.empty_like(h), torch.empty_like(h)
+    along_cols = torch.empty(h_data.shape, dtype=grad_a.dtype, device=grad_a.device)
+    along_rows = torch.empty_like(along_cols)
     chunks = triton.cdiv(ffn, _MX_BACKWARD_BLOCK_F)
-    grad_p_parts = torch.empty((chunks, rows), dtype=torch.float32, device=h.device)
-    _swiglu_backward_mx_kernel[(rows // 32, chunks)](h, row_probs.contiguous(), grad_a, along_cols, along_rows,
-                                                     grad_p_parts, rows, ffn, BLOCK_F=_MX_BACKWARD_BLOCK_F,
+    grad_p_parts = torch.empty((chunks, rows), dtype=torch.float32, device=grad_a.device)
+    _swiglu_backward_mx_kernel[(rows // 32, chunks)](h_data, h_scale if h_mx else h_data, row_probs.contiguous(),
+                                                     grad_a, along_cols, along_rows, grad_p_parts, rows, ffn,
+                                                     H_MX=h_mx, BLOCK_F=_MX_BACKWARD_BLOCK_F,
                                                      num_warps=_MX_BACKWARD_WARPS)
     return along_cols, along_rows, grad_p_parts.sum(0)
 

@@ -53,7 +53,8 @@ class Experts(nn.Module):
         experts, hidden, ffn = config.num_experts, config.hidden_size, config.ffn_size
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))  # [gate; up]
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, ffn))
-        self.backend = get_backend(config.expert_backend, config.fp8_fast_accumulation)
+        self.backend = get_backend(config.expert_backend, config.fp8_fast_accumulation,
+                                   config.mxfp8_store_swiglu_input)
         self.recompute = config.recompute_experts
         self.shard: ExpertShard | None = None
 

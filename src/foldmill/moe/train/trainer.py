@@ -52,6 +52,7 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
         # Only the FP8 backend reads it; off elsewhere, so a bf16 run's configuration (and its
         # checkpoints' compatibility) does not depend on it.
         fp8_fast_accumulation=config.fp8_fast_accumulation and config.expert_backend == "fp8_rowwise",
+        mxfp8_store_swiglu_input=config.mxfp8_store_swiglu_input,
         aux_loss_coef=config.aux_loss_coef,
     )
 
