@@ -2,8 +2,8 @@
 plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax) and float32 logits
 (router_logits), the clipping norm's sum of squares (clip_factor), AdamW's update of a bf16 weight's
 float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm
-kernel on a float32 stream taking a bf16 delta) and the experts' to_compute_dtype (a cast whose
-gradient runs the upcast kernel). The kernels run in a child process (kernel_testing.run_interpreted),
+kernel on a float32 stream taking a bf16 delta), the experts' to_compute_dtype (a cast whose
+gradient runs the upcast kernel) and the MXFP8 SwiGLU kernels that store their input. The kernels run in a child process (kernel_testing.run_interpreted),
 where the modules' use_triton answers yes for CPU tensors. GPU parity, the bf16 stream included, is
 in test_moe_gpu.py (the interpreter rounds float32 to bf16 its own way, so bf16 outputs are not
 compared here)."""
@@ -20,6 +20,15 @@ from foldmill.moe.model.router import TRITON_LOGITS_MAX_EXPERTS, top_k_softmax
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 ROWS, COLS = 7, 96  # 96 columns: the kernel masks its 128-wide block
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round_with_float8_cast(y):
+        """E4M3 rounding the interpreter can run (mx_quant.round_to_e4m3 is PTX)."""
+        return y.to(tl.float8e4nv).to(tl.float32)
 
 
 def test_fused_add_rms_norm_on_a_float32_stream_through_the_dispatch_matches_fp64(tmp_path):
@@ -181,11 +190,67 @@ def test_router_logits_kernels_match_float64(tmp_path):
             assert relative_error(out[field], want.detach()) < 1e-6, (case["name"], field)
 
 
+def test_mxfp8_swiglu_kernels_storing_their_input_agree_with_the_quantizer_and_themselves(tmp_path):
+    """The SwiGLU kernels of moe.mxfp8_store_swiglu_input through the MXFP8 backend's dispatch: the
+    forward writes a's values as without the option and h's copy as the quantizer kernel does (its
+    scales as the torch quantizer's); from that copy, a's along-rows values and the backward's copies
+    and dp are those of the same kernels on the copy's values. The interpreter cannot run the PTX
+    conversion to E4M3, so the child rounds with Triton's float8 cast, for every kernel alike: these
+    are checks of where each kernel reads and writes, the GPU test checks the bits (two FFN widths,
+    one with a partial last tile)."""
+    cases = []
+    for ffn in (96, 160):
+        generator = torch.Generator().manual_seed(ffn)
+        h = torch.randn(64, 2 * ffn, generator=generator) * torch.exp(torch.randn(64, 1, generator=generator) * 3)
+        cases.append({"name": f"ffn {ffn}", "kind": "mx swiglu", "dtype": "torch.bfloat16", "h": h.bfloat16(),
+                      "p": torch.rand(64, generator=generator),
+                      "grad_a": torch.randn(64, ffn, generator=generator).bfloat16()})
+    outputs = run_interpreted(__file__, cases, tmp_path, timeout=300)
+    from foldmill.moe.quant.mx import quantize_mx
+
+    for case in cases:
+        out = outputs[case["name"]]
+        assert torch.equal(out["h scale"], quantize_mx(case["h"]).scale), case["name"]
+        for name in ("h data", "h scale", "a values", "a along rows", "grad along cols", "grad along rows", "dp"):
+            assert torch.equal(out[name], out[f"want {name}"]), (case["name"], name)
+
+
+def _mx_swiglu_case(case: dict) -> dict:
+    """Child process: the stored-input SwiGLU kernels and what each must equal (see the test)."""
+    from foldmill.moe.experts import mxfp8
+    from foldmill.moe.kernels import mx_quant
+
+    mx_quant.round_to_e4m3 = _round_with_float8_cast
+    mxfp8.use_triton = lambda tensor: True
+    from foldmill.moe.kernels.swiglu import swiglu_backward_mx_triton, swiglu_forward_mx_triton, swiglu_forward_triton
+
+    h, p, grad_a = case["h"], case["p"], case["grad_a"]
+    out = mxfp8.swiglu_forward_storing_input(h, p)
+    stored = out.stored
+    want_h = mx_quant.quantize_mx_triton(h)
+    values = stored.values()
+    _, want_rows, _ = mx_quant.mx_round_trip_triton(swiglu_forward_triton(values, p), False, True, False, h.dtype)
+    grad, dp = mxfp8.swiglu_backward_copies(stored, p, grad_a)
+    want_cols, want_grad_rows, want_dp = swiglu_backward_mx_triton(values, p, grad_a)
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
+
+    return {"h data": bits(stored.h.data), "want h data": bits(want_h.data), "h scale": stored.h.scale,
+            "want h scale": want_h.scale, "a values": bits(out.operand.along_cols),
+            "want a values": bits(swiglu_forward_mx_triton(h, p)[0]),
+            "a along rows": bits(mxfp8.stored_swiglu_along_rows(stored)), "want a along rows": bits(want_rows),
+            "grad along cols": bits(grad.along_cols), "want grad along cols": bits(want_cols),
+            "grad along rows": bits(grad.along_rows), "want grad along rows": bits(want_grad_rows),
+            "dp": dp, "want dp": want_dp}
+
+
 def _run_case(case: dict, dtype: torch.dtype) -> dict:
     """Child process (TRITON_INTERPRET=1): one case through the model's dispatch."""
     from foldmill.moe.experts import routing
     from foldmill.moe.model import moe, norm
 
+    if case["kind"] == "mx swiglu":
+        return _mx_swiglu_case(case)
     if case["kind"] == "sum of squares":
         from foldmill.moe.kernels import grad_norm
         from foldmill.moe.parallel import gradients
