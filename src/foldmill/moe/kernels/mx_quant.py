@@ -86,6 +86,22 @@ def mx_quantize_blocks(values):
 
 
 @triton.jit
+def store_mx_tile(values, data_ptr, scale_ptr, offs_r, first_c, rows, col_end, cols,
+                  BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Quantize a float32 (BLOCK_R, BLOCK_C) tile whose first column first_c is a multiple of 32 into
+    32-wide blocks along its columns, and store it into a row-major (rows, cols) MXFP8 tensor
+    (elements at data_ptr, scales at scale_ptr), leaving out rows >= rows and columns >= col_end."""
+    elements, scales = mx_quantize_blocks(tl.reshape(values, (BLOCK_R, BLOCK_C // 32, 32)))
+    row_mask = offs_r[:, None] < rows
+    offs_c = first_c + tl.arange(0, BLOCK_C)
+    tl.store(data_ptr + offs_r[:, None].to(tl.int64) * cols + offs_c[None, :],
+             tl.reshape(elements, (BLOCK_R, BLOCK_C)), mask=row_mask & (offs_c[None, :] < col_end))
+    offs_s = first_c // 32 + tl.arange(0, BLOCK_C // 32)
+    tl.store(scale_ptr + offs_r[:, None].to(tl.int64) * (cols // 32) + offs_s[None, :], scales,
+             mask=row_mask & (offs_s[None, :] < col_end // 32))
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, data_ptr, scale_ptr, rows, cols,
     stride_xb, stride_xr, stride_xc,
@@ -97,12 +113,8 @@ def _quantize_kernel(
     mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
     x_ptrs = x_ptr + batch * stride_xb + offs_r[:, None] * stride_xr + offs_c[None, :] * stride_xc
     values = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-    elements, scales = mx_quantize_blocks(tl.reshape(values, (BLOCK_R, BLOCK_C // 32, 32)))
-    out_offsets = batch * rows * cols + offs_r[:, None] * cols + offs_c[None, :]
-    tl.store(data_ptr + out_offsets, tl.reshape(elements, (BLOCK_R, BLOCK_C)), mask=mask)
-    offs_s = pid_c * (BLOCK_C // 32) + tl.arange(0, BLOCK_C // 32)
-    scale_offsets = batch * rows * (cols // 32) + offs_r[:, None] * (cols // 32) + offs_s[None, :]
-    tl.store(scale_ptr + scale_offsets, scales, mask=(offs_r[:, None] < rows) & (offs_s[None, :] < cols // 32))
+    store_mx_tile(values, data_ptr + batch * rows * cols, scale_ptr + batch * rows * (cols // 32), offs_r,
+                  pid_c * BLOCK_C, rows, cols, cols, BLOCK_R, BLOCK_C)
 
 
 def quantize_mx_triton(values: torch.Tensor) -> MXTensor:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from foldmill.moe.kernels.mx_quant import mx_quantize_blocks, require_blocks, scale_factor, store_round_trip
+from foldmill.moe.kernels.mx_quant import require_blocks, scale_factor, store_mx_tile, store_round_trip
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
@@ -33,22 +33,6 @@ def _load_h(h_ptr, h_scale_ptr, offs_r, offs_c, mask, ffn, H_MX: tl.constexpr):
         scale_offsets = offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_c[None, :] // 32
         values = values * scale_factor(tl.load(h_scale_ptr + scale_offsets, mask=mask, other=127))
     return values
-
-
-@triton.jit
-def _store_h_mx(values, data_ptr, scale_ptr, offs_r, first_c, rows, ffn, BLOCK_R: tl.constexpr,
-                BLOCK_F: tl.constexpr):
-    """Store the MXFP8 copy (blocks along 2F) of the float32 (BLOCK_R, BLOCK_F) tile of h whose
-    first column is first_c (a multiple of 32, within the gate or the up half)."""
-    elements, scales = mx_quantize_blocks(tl.reshape(values, (BLOCK_R, BLOCK_F // 32, 32)))
-    offs_c = first_c + tl.arange(0, BLOCK_F)
-    half_end = (first_c // ffn + 1) * ffn
-    mask = (offs_r[:, None] < rows) & (offs_c[None, :] < half_end)
-    tl.store(data_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :],
-             tl.reshape(elements, (BLOCK_R, BLOCK_F)), mask=mask)
-    offs_s = first_c // 32 + tl.arange(0, BLOCK_F // 32)
-    scale_mask = (offs_r[:, None] < rows) & (offs_s[None, :] < half_end // 32)
-    tl.store(scale_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_s[None, :], scales, mask=scale_mask)
 
 
 @triton.jit
@@ -75,8 +59,10 @@ def _swiglu_forward_kernel(
     else:
         tl.store(a_ptr + out, a, mask=mask)
     if STORE_H_MX:
-        _store_h_mx(gate, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F, rows, ffn, BLOCK_R, BLOCK_F)
-        _store_h_mx(up, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F + ffn, rows, ffn, BLOCK_R, BLOCK_F)
+        # Each half's tiles end at the half's end: the gate's last tile must not write into up's columns.
+        store_mx_tile(gate, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F, rows, ffn, 2 * ffn, BLOCK_R, BLOCK_F)
+        store_mx_tile(up, h_data_ptr, h_scales_ptr, offs_r, pid_f * BLOCK_F + ffn, rows, 2 * ffn, 2 * ffn,
+                      BLOCK_R, BLOCK_F)
 
 
 @triton.jit
