@@ -24,14 +24,24 @@ from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
-def _load_h(h_ptr, h_scale_ptr, offs_r, offs_c, mask, ffn, H_MX: tl.constexpr):
-    """float32 tile of h (rows, 2F) at columns offs_c: h itself, or the values of its MXFP8 copy
-    (E4M3 elements at h_ptr, one E8M0 scale per 32 columns at h_scale_ptr)."""
+def _load_h(h_ptr, h_scale_ptr, offs_r, first_c, mask, rows, ffn, H_MX: tl.constexpr, BLOCK_R: tl.constexpr,
+            BLOCK_F: tl.constexpr):
+    """float32 (BLOCK_R, BLOCK_F) tile of h (rows, 2F) from column first_c (a multiple of 32): h itself,
+    or the values of its MXFP8 copy (E4M3 elements at h_ptr, one E8M0 scale per 32 columns at
+    h_scale_ptr)."""
+    offs_c = first_c + tl.arange(0, BLOCK_F)
     values = tl.load(h_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :], mask=mask, other=0.0)
     values = values.to(tl.float32)
     if H_MX:
-        scale_offsets = offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_c[None, :] // 32
-        values = values * scale_factor(tl.load(h_scale_ptr + scale_offsets, mask=mask, other=127))
+        # One scale per block, broadcast over its 32 values: loading a scale per value made the
+        # backward kernel about three times slower.
+        offs_s = first_c // 32 + tl.arange(0, BLOCK_F // 32)
+        half_end = (first_c // ffn + 1) * ffn
+        scale_mask = (offs_r[:, None] < rows) & (offs_s[None, :] < half_end // 32)
+        scales = tl.load(h_scale_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_s[None, :],
+                         mask=scale_mask, other=127)
+        blocks = tl.reshape(values, (BLOCK_R, BLOCK_F // 32, 32)) * scale_factor(scales)[:, :, None]
+        values = tl.reshape(blocks, (BLOCK_R, BLOCK_F))
     return values
 
 
@@ -47,8 +57,8 @@ def _swiglu_forward_kernel(
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = (offs_r[:, None] < rows) & (offs_f[None, :] < ffn)
-    gate = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f, mask, ffn, H_MX)
-    up = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f + ffn, mask, ffn, H_MX)
+    gate = _load_h(h_ptr, h_scale_ptr, offs_r, pid_f * BLOCK_F, mask, rows, ffn, H_MX, BLOCK_R, BLOCK_F)
+    up = _load_h(h_ptr, h_scale_ptr, offs_r, pid_f * BLOCK_F + ffn, mask, rows, ffn, H_MX, BLOCK_R, BLOCK_F)
     p = tl.load(p_ptr + offs_r, mask=offs_r < rows, other=0.0).to(tl.float32)
     a = (gate * tl.sigmoid(gate) * up * p[:, None]).to(a_ptr.dtype.element_ty)
     out = offs_r[:, None].to(tl.int64) * ffn + offs_f[None, :]
@@ -110,8 +120,8 @@ def _swiglu_backward_mx_kernel(
     offs_f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask = (offs_r[:, None] < rows) & (offs_f[None, :] < ffn)
     base = offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_f[None, :]
-    gate = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f, mask, ffn, H_MX)
-    up = _load_h(h_ptr, h_scale_ptr, offs_r, offs_f + ffn, mask, ffn, H_MX)
+    gate = _load_h(h_ptr, h_scale_ptr, offs_r, pid_f * BLOCK_F, mask, rows, ffn, H_MX, 32, BLOCK_F)
+    up = _load_h(h_ptr, h_scale_ptr, offs_r, pid_f * BLOCK_F + ffn, mask, rows, ffn, H_MX, 32, BLOCK_F)
     da = tl.load(da_ptr + offs_r[:, None].to(tl.int64) * ffn + offs_f[None, :], mask=mask, other=0.0)
     p = tl.load(p_ptr + offs_r, mask=offs_r < rows, other=0.0).to(tl.float32)
     d_gate, d_up, dp_part = _swiglu_gradients(gate, up, da.to(tl.float32), p)
@@ -130,7 +140,9 @@ def _swiglu_backward_mx_kernel(
 # Mixtral-8x7B's (F 14,336) with 64 columns on two warps (plain SwiGLU 0.104 and 0.356; 0.237
 # and 0.838 when the copies were rounded in float32 arithmetic); backward 0.307 and 1.068 ms with
 # 64 columns on four warps (plain 0.180 and 0.604; 0.436 and 1.512 before). `foldmill bench moe
-# --sections kernels` times the chosen settings.
+# --sections kernels` times the chosen settings. Reading h from its MXFP8 copy, the backward was
+# again fastest with 64 columns on four warps among 32-128 columns on 2-8 warps (H100: 0.369 ms at
+# bio_8x1b's shape, 1.296 at Mixtral-8x7B's).
 _MX_FORWARD_BLOCK_F, _MX_FORWARD_WARPS = 64, 2
 _MX_BACKWARD_BLOCK_F, _MX_BACKWARD_WARPS = 64, 4
 
