@@ -19,29 +19,23 @@ import torch
 import triton
 import triton.language as tl
 
-from foldmill.moe.kernels.mx_quant import require_blocks, scale_factor, store_mx_tile, store_round_trip
+from foldmill.moe.kernels.mx_quant import load_mx_tile, require_blocks, store_mx_tile, store_round_trip
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
 def _load_h(h_ptr, h_scale_ptr, offs_r, first_c, mask, rows, ffn, H_MX: tl.constexpr, BLOCK_R: tl.constexpr,
             BLOCK_F: tl.constexpr):
-    """float32 (BLOCK_R, BLOCK_F) tile of h (rows, 2F) from column first_c (a multiple of 32): h itself,
-    or the values of its MXFP8 copy (E4M3 elements at h_ptr, one E8M0 scale per 32 columns at
-    h_scale_ptr)."""
-    offs_c = first_c + tl.arange(0, BLOCK_F)
-    values = tl.load(h_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :], mask=mask, other=0.0)
-    values = values.to(tl.float32)
+    """float32 (BLOCK_R, BLOCK_F) tile of h (rows, 2F) from column first_c (a multiple of 32) within
+    the gate or the up half: h itself, or the values of its MXFP8 copy (E4M3 elements at h_ptr, one
+    E8M0 scale per 32 columns at h_scale_ptr)."""
     if H_MX:
-        # One scale per block, broadcast over its 32 values: loading a scale per value made the
-        # backward kernel about three times slower.
-        offs_s = first_c // 32 + tl.arange(0, BLOCK_F // 32)
         half_end = (first_c // ffn + 1) * ffn
-        scale_mask = (offs_r[:, None] < rows) & (offs_s[None, :] < half_end // 32)
-        scales = tl.load(h_scale_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn // 32) + offs_s[None, :],
-                         mask=scale_mask, other=127)
-        blocks = tl.reshape(values, (BLOCK_R, BLOCK_F // 32, 32)) * scale_factor(scales)[:, :, None]
-        values = tl.reshape(blocks, (BLOCK_R, BLOCK_F))
+        values = load_mx_tile(h_ptr, h_scale_ptr, offs_r, first_c, rows, half_end, 2 * ffn, BLOCK_R, BLOCK_F)
+    else:
+        offs_c = first_c + tl.arange(0, BLOCK_F)
+        values = tl.load(h_ptr + offs_r[:, None].to(tl.int64) * (2 * ffn) + offs_c[None, :], mask=mask, other=0.0)
+        values = values.to(tl.float32)
     return values
 
 
