@@ -164,6 +164,11 @@ def swiglu_forward_copies(h: torch.Tensor, row_probs: torch.Tensor) -> ExactCopi
     return input_copies(swiglu_forward(h, row_probs))
 
 
+def swiglu_input_values(h: torch.Tensor | StoredSwiGLUInput) -> torch.Tensor:
+    """h itself, or the values of its stored MXFP8 copy."""
+    return h.values() if isinstance(h, StoredSwiGLUInput) else h
+
+
 def swiglu_forward_storing_input(h: torch.Tensor, row_probs: torch.Tensor) -> StoredSwiGLUOutput:
     """a's values blocked along F (for the second GEMM) and h's MXFP8 copy, in one pass over h."""
     if use_triton(h):
@@ -199,8 +204,7 @@ def swiglu_backward_copies(
         h_operand = h.h if isinstance(h, StoredSwiGLUInput) else h
         along_cols, along_rows, grad_probs = swiglu_backward_mx_triton(h_operand, row_probs, grad_a)
         return ExactCopies(along_cols, along_rows, None, grad_a.dtype), grad_probs
-    h_values = h.values() if isinstance(h, StoredSwiGLUInput) else h
-    grad_h, grad_probs = swiglu_backward(h_values, row_probs, grad_a)
+    grad_h, grad_probs = swiglu_backward(swiglu_input_values(h), row_probs, grad_a)
     return gradient_copies(grad_h), grad_probs
 
 
@@ -229,7 +233,7 @@ class MXFP8Gemm:
 
     def swiglu_backward(self, h, row_probs, grad_a):
         if gemm_route(grad_a) == "block_scaled":
-            return swiglu_backward(h.values() if isinstance(h, StoredSwiGLUInput) else h, row_probs, grad_a)
+            return swiglu_backward(swiglu_input_values(h), row_probs, grad_a)
         return swiglu_backward_copies(h, row_probs, grad_a)
 
     def forward(self, x, w, ends):
