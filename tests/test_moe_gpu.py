@@ -873,3 +873,23 @@ def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir
                     line["mfu"] * peaks["bf16"] / peaks[precision], rel=1e-9) and 0 < line[column] < 1
             else:
                 assert line[column] is None
+
+
+def test_bench_gives_cublas_workspaces_back_between_rows():
+    """cuBLAS takes a workspace from torch's cache for each new stream it runs on (every captured
+    step row warms up on another side stream); the bench returns them before each row."""
+    from foldmill.bench.moe import _clear_cublas_workspaces
+
+    a = torch.randn(256, 256, device=CUDA)
+    a @ a
+    _clear_cublas_workspaces()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a @ a
+        torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() > before
+    _clear_cublas_workspaces()
+    assert torch.cuda.memory_allocated() == before
