@@ -3,10 +3,10 @@ plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax) and fl
 (router_logits), the clipping norm's sum of squares (clip_factor), AdamW's update of a bf16 weight's
 float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm
 kernel on a float32 stream taking a bf16 delta), the experts' to_compute_dtype (a cast whose
-gradient runs the upcast kernel) and the MXFP8 SwiGLU kernels that store their input. The kernels run in a child process (kernel_testing.run_interpreted),
-where the modules' use_triton answers yes for CPU tensors. GPU parity, the bf16 stream included, is
-in test_moe_gpu.py (the interpreter rounds float32 to bf16 its own way, so bf16 outputs are not
-compared here)."""
+gradient runs the upcast kernel) and the MXFP8 SwiGLU kernels that store their input. The kernels
+run in a child process (kernel_testing.run_interpreted), where the modules' use_triton answers yes
+for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the interpreter
+rounds float32 to bf16 its own way, so bf16 outputs are not compared here)."""
 
 from __future__ import annotations
 
@@ -215,6 +215,11 @@ def test_mxfp8_swiglu_kernels_storing_their_input_agree_with_the_quantizer_and_t
             assert torch.equal(out[name], out[f"want {name}"]), (case["name"], name)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A bf16 or MXFP8 tensor's bits, so that NaNs compare equal."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
+
+
 def _mx_swiglu_case(case: dict) -> dict:
     """Child process: the stored-input SwiGLU kernels and what each must equal (see the test)."""
     from foldmill.moe.experts import mxfp8
@@ -232,15 +237,12 @@ def _mx_swiglu_case(case: dict) -> dict:
     _, want_rows, _ = mx_quant.mx_round_trip_triton(swiglu_forward_triton(values, p), False, True, False, h.dtype)
     grad, dp = mxfp8.swiglu_backward_copies(stored, p, grad_a)
     want_cols, want_grad_rows, want_dp = swiglu_backward_mx_triton(values, p, grad_a)
-    def bits(t: torch.Tensor) -> torch.Tensor:
-        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
-
-    return {"h data": bits(stored.h.data), "want h data": bits(want_h.data), "h scale": stored.h.scale,
-            "want h scale": want_h.scale, "a values": bits(out.operand.along_cols),
-            "want a values": bits(swiglu_forward_mx_triton(h, p)[0]),
-            "a along rows": bits(mxfp8.stored_swiglu_along_rows(stored)), "want a along rows": bits(want_rows),
-            "grad along cols": bits(grad.along_cols), "want grad along cols": bits(want_cols),
-            "grad along rows": bits(grad.along_rows), "want grad along rows": bits(want_grad_rows),
+    return {"h data": _bits(stored.h.data), "want h data": _bits(want_h.data), "h scale": stored.h.scale,
+            "want h scale": want_h.scale, "a values": _bits(out.operand.along_cols),
+            "want a values": _bits(swiglu_forward_mx_triton(h, p)[0]),
+            "a along rows": _bits(mxfp8.stored_swiglu_along_rows(stored)), "want a along rows": _bits(want_rows),
+            "grad along cols": _bits(grad.along_cols), "want grad along cols": _bits(want_cols),
+            "grad along rows": _bits(grad.along_rows), "want grad along rows": _bits(want_grad_rows),
             "dp": dp, "want dp": want_dp}
 
 
