@@ -105,8 +105,8 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
     """Run one measurement; a failure is recorded in its row instead of ending the benchmark."""
     # Free the previous rows' models first (their autograd and CUDA-graph references form cycles)
     # so host-bound rows do not pay for collecting them.
-    _clear_cublas_workspaces()
     gc.collect()
+    _clear_cublas_workspaces()  # after the previous row's CUDA graphs, which may run on them, are gone
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
