@@ -110,6 +110,21 @@ def test_mxfp8_store_swiglu_input_reaches_the_backend_and_is_refused_where_it_ca
             ModelConfig(expert_backend=backend, recompute_experts=recompute, mxfp8_store_swiglu_input=True)
 
 
+def test_mxfp8_keep_weight_copies_reaches_the_backend_and_is_refused_where_it_cannot_apply():
+    """moe.mxfp8_keep_weight_copies: false travels from the training config to the MXFP8 backend (no
+    cache of weight copies); with another backend it is refused in one line."""
+    from foldmill.errors import FoldmillError
+    from foldmill.moe.train.trainer import build_model_config
+
+    model_config = build_model_config(
+        TrainConfig(expert_backend="mxfp8", mxfp8_keep_weight_copies=False), vocab_size=32)
+    assert MoEBlock(model_config).experts.backend.weights is None
+    assert MoEBlock(ModelConfig(expert_backend="mxfp8")).experts.backend.weights is not None
+    with pytest.raises(FoldmillError, match="^mxfp8_keep_weight_copies: false needs expert_backend mxfp8, got "
+                                            "fp8_rowwise$"):
+        ModelConfig(expert_backend="fp8_rowwise", mxfp8_keep_weight_copies=False)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_fp8_accumulation_setting_reaches_the_backend(fast):
     """moe.fp8_fast_accumulation travels from the training config to the FP8 backend's GEMM calls

@@ -209,6 +209,36 @@ def test_mxfp8_stored_swiglu_input_on_the_block_scaled_route_gives_the_emulated_
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), name
 
 
+@pytest.mark.parametrize("route", ["emulated", "block_scaled"])
+@pytest.mark.parametrize("store_swiglu_input", [False, True])
+def test_mxfp8_weight_copies_made_per_gemm_give_the_kept_copies_values(monkeypatch, route, store_swiglu_input):
+    """Without keep_weight_copies every GEMM makes the one copy of its weight it needs and nothing is
+    kept for the step, and the output and every gradient are the same bits as with the kept copies."""
+    from foldmill.moe.experts import mxfp8
+
+    if route == "block_scaled":  # Blackwell's route, here its torch fallbacks on CPU
+        monkeypatch.setattr(mxfp8, "gemm_route", lambda tensor: "block_scaled")
+    made = []
+    round_trip = mxfp8.round_trip
+    monkeypatch.setattr(mxfp8, "round_trip", lambda values, *args, **kwargs: made.append(tuple(values.shape))
+                        or round_trip(values, *args, **kwargs))
+    case = _stored_input_case(6)
+    weights = [tuple(case[2].shape), tuple(case[3].shape)]
+    made_for_weights = lambda: sorted(shape for shape in made if shape in weights)
+    y_kept, grads_kept = _experts_and_gradients(MXFP8Gemm(store_swiglu_input=store_swiglu_input), *case)
+    if route == "emulated":  # both layouts of each weight from one call, for forward and backward
+        assert made_for_weights() == sorted(weights)
+    made.clear()
+    per_gemm = MXFP8Gemm(store_swiglu_input=store_swiglu_input, keep_weight_copies=False)
+    y, grads = _experts_and_gradients(per_gemm, *case)
+    assert per_gemm.weights is None
+    if route == "emulated":  # one layout in each of the weight's two GEMMs
+        assert made_for_weights() == sorted(weights * 2)
+    assert torch.equal(y, y_kept)
+    for name, got, want in zip(("x", "probs", "w13", "w2"), grads, grads_kept):
+        assert torch.equal(got, want), name
+
+
 def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     from foldmill.bench.moe import add_mfu, markdown_table
     from foldmill.moe.train.metrics import spec_peaks
@@ -371,13 +401,19 @@ COMPILE_CASES = {
             {"x_ptr": "*bf16", "by_cols_ptr": "*bf16", "by_rows_ptr": "*bf16", "mx_data_ptr": "*fp8e4nv",
              "mx_scale_ptr": "*u8"},
             ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
-            {"ALONG_COLS_VALUES": True, "ALONG_ROWS_VALUES": along_rows, "ALONG_ROWS_MX": keep, "BLOCK_C": block_c},
+            {"ALONG_COLS_VALUES": along_cols, "ALONG_ROWS_VALUES": along_rows, "ALONG_ROWS_MX": keep,
+             "BLOCK_C": block_c},
             None,
             (warps, 3),
         )
-        for name, along_rows, keep, block_c, warps in [("weights and dy", True, False, 128, 4),
-                                                       ("x and a", False, True, 64, 2),
-                                                       ("all three", True, True, 64, 4)]
+        for name, along_cols, along_rows, keep, block_c, warps in [
+            ("weights and dy", True, True, False, 128, 4),
+            ("x and a", True, False, True, 64, 2),
+            ("all three", True, True, True, 64, 4),
+            # moe.mxfp8_keep_weight_copies: false, one layout per GEMM
+            ("weight along K", True, False, False, 64, 2),
+            ("weight along N", False, True, False, 128, 4),
+        ]
     },
     # The SwiGLU kernels, plain and writing the MXFP8 backend's copies (kernels/swiglu.py launches):
     # a's copies, or a's values and h's copy (store_swiglu_input), or a's along-rows values from h's copy.

@@ -22,6 +22,12 @@ pass, instead of h in bf16 and a's along-rows copy: the backward takes the SwiGL
 the values of that copy and computes a again from them for the second GEMM's weight gradient, as
 DeepSeek-V3 keeps the SwiGLU's input in FP8. The forward pass and every GEMM's operands stay as
 above; only what the backward reads for h changes.
+
+`keep_weight_copies` (`moe.mxfp8_keep_weight_copies`, on by default) keeps the weights' copies from
+their first GEMM to the optimizer step. On Hopper they are bf16 values in two layouts, 4 bytes per
+expert parameter held through the whole step; off, each GEMM makes the one layout it needs and drops
+it after, so the step's peak memory comes near bf16's for one more read of each weight per pass.
+The values are the same either way.
 """
 
 from __future__ import annotations
@@ -213,9 +219,21 @@ class MXFP8Gemm:
     pad_multiple = BLOCK
     nonempty_groups = False
 
-    def __init__(self, store_swiglu_input: bool = False) -> None:
-        self.weights = WeightCache()
+    def __init__(self, store_swiglu_input: bool = False, keep_weight_copies: bool = True) -> None:
+        self.weights = WeightCache() if keep_weight_copies else None
         self.store_swiglu_input = store_swiglu_input
+
+    def _weight_copy(self, layout: str, w: torch.Tensor) -> torch.Tensor | MXTensor:
+        """w's copy for the forward GEMM (blocks along K) or for dgrad (along N): MXFP8 on the
+        block-scaled route, else its exact values; kept for the optimizer step, or made for this call."""
+        if gemm_route(w) == "block_scaled":
+            make = quantize if layout == "forward" else lambda t: quantize(t.transpose(-2, -1))
+            return make(w) if self.weights is None else self.weights.get(layout, w, make)
+        if self.weights is not None:  # both layouts from one read, for the rest of the step
+            along_k, along_n = self.weights.get("copies", w, _weight_copies)
+            return along_k if layout == "forward" else along_n
+        along_k, along_n, _ = round_trip(w, along_cols=layout == "forward", along_rows=layout == "dgrad")
+        return along_k if layout == "forward" else along_n
 
     def swiglu_forward(self, h, row_probs):
         block_scaled = gemm_route(h) == "block_scaled"
@@ -241,23 +259,20 @@ class MXFP8Gemm:
             return self.forward(x.operand, w, ends)[0], x.stored
         if not isinstance(x, ExactCopies):  # ExactCopies come from this backend's SwiGLU
             if gemm_route(x) == "block_scaled":
-                w_mx = self.weights.get("forward", w, quantize)
-                return mx_grouped_mm(quantize(x), w_mx, ends, x.dtype), x
+                return mx_grouped_mm(quantize(x), self._weight_copy("forward", w), ends, x.dtype), x
             x = input_copies(x)
-        w_values, _ = self.weights.get("copies", w, _weight_copies)
+        w_values = self._weight_copy("forward", w)
         return F.grouped_mm(x.along_cols, w_values.transpose(-2, -1), offs=ends).to(x.dtype), x.kept
 
     def backward(self, dy, w, saved, ends):
         if not isinstance(dy, ExactCopies):
             if gemm_route(dy) == "block_scaled":
-                wt_mx = self.weights.get("dgrad", w, lambda t: quantize(t.transpose(-2, -1)))
-                dx = mx_grouped_mm(quantize(dy), wt_mx, ends, dy.dtype)
+                dx = mx_grouped_mm(quantize(dy), self._weight_copy("dgrad", w), ends, dy.dtype)
                 if isinstance(saved, StoredSwiGLUInput):
                     saved = swiglu_forward(saved.values(), saved.row_probs)
                 return dx, mx_grouped_mm_wgrad(quantize(dy.t()), quantize(saved.t()), ends, dy.dtype)
             dy = gradient_copies(dy)
-        _, w_along_n = self.weights.get("copies", w, _weight_copies)
-        dx = F.grouped_mm(dy.along_cols, w_along_n, offs=ends).to(dy.dtype)
+        dx = F.grouped_mm(dy.along_cols, self._weight_copy("dgrad", w), offs=ends).to(dy.dtype)
         saved_values = (stored_swiglu_along_rows(saved) if isinstance(saved, StoredSwiGLUInput)
                         else along_rows_values(saved))
         dw = F.grouped_mm(dy.along_rows.t(), saved_values, offs=ends).to(dy.dtype)

@@ -53,6 +53,7 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
         # checkpoints' compatibility) does not depend on it.
         fp8_fast_accumulation=config.fp8_fast_accumulation and config.expert_backend == "fp8_rowwise",
         mxfp8_store_swiglu_input=config.mxfp8_store_swiglu_input,
+        mxfp8_keep_weight_copies=config.mxfp8_keep_weight_copies,
         aux_loss_coef=config.aux_loss_coef,
     )
 
@@ -60,6 +61,9 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
 # What a checkpoint written before a field existed ran with, where that differs from the field's
 # default: FP8 GEMMs promoted their sums to fp32 before fp8_fast_accumulation (on by default) came.
 BEFORE_FIELD_EXISTED = {"fp8_fast_accumulation": False}
+# Fields that change where memory goes, not one value a step computes: a run may resume with
+# another setting (e.g. to fit a GPU with less memory).
+SAME_VALUES_EITHER_WAY = ("mxfp8_keep_weight_copies",)
 
 
 def _with_defaults(saved: dict) -> dict:
@@ -122,7 +126,8 @@ class Trainer:
         if latest is None:
             return False
         state = load_checkpoint(latest, self.model, self.optimizer)
-        saved, current = _with_defaults(state["model_config"]), dataclasses.asdict(self.model_config)
+        saved, current = ({name: value for name, value in fields.items() if name not in SAME_VALUES_EITHER_WAY}
+                          for fields in (_with_defaults(state["model_config"]), dataclasses.asdict(self.model_config)))
         if saved != current:
             differing = ", ".join(f"{name} {saved.get(name)!r} there, {current.get(name)!r} here"
                                   for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name))
