@@ -5,7 +5,7 @@ MOE = config["moe"]
 MOE_DIR = OUTDIR / "moe"
 # TrainConfig fields taken from the config's moe section (the rest keep their defaults).
 MOE_TRAIN_KEYS = ("model", "expert_backend", "recompute_experts", "fp8_fast_accumulation", "mxfp8_store_swiglu_input",
-                  "mxfp8_keep_weight_copies", "steps", "batch_size", "gradient_accumulation_steps", "seq_len", "lr",
+                  "keep_weight_copies", "steps", "batch_size", "gradient_accumulation_steps", "seq_len", "lr",
                   "warmup_steps", "precision", "parallel", "expert_parallel", "checkpoint_every", "eval_batches",
                   "log_every", "seed", "aux_loss_coef", "peak_tflops", "compile", "cuda_graphs")
 # One node: `gpu` GPUs (sbatch --gpus). Several nodes: gres gpu:N per node instead (--gpus counts the whole job).

@@ -110,19 +110,20 @@ def test_mxfp8_store_swiglu_input_reaches_the_backend_and_is_refused_where_it_ca
             ModelConfig(expert_backend=backend, recompute_experts=recompute, mxfp8_store_swiglu_input=True)
 
 
-def test_mxfp8_keep_weight_copies_reaches_the_backend_and_is_refused_where_it_cannot_apply():
-    """moe.mxfp8_keep_weight_copies: false travels from the training config to the MXFP8 backend (no
-    cache of weight copies); with another backend it is refused in one line."""
+@pytest.mark.parametrize("backend", ["fp8_rowwise", "mxfp8"])
+def test_keep_weight_copies_reaches_the_8bit_backends_and_is_refused_elsewhere(backend):
+    """moe.keep_weight_copies: false travels from the training config to the 8-bit backends (no
+    cache of weight copies); with a backend that makes none it is refused in one line."""
     from foldmill.errors import FoldmillError
     from foldmill.moe.train.trainer import build_model_config
 
-    model_config = build_model_config(
-        TrainConfig(expert_backend="mxfp8", mxfp8_keep_weight_copies=False), vocab_size=32)
+    model_config = build_model_config(TrainConfig(expert_backend=backend, keep_weight_copies=False), vocab_size=32)
     assert MoEBlock(model_config).experts.backend.weights is None
-    assert MoEBlock(ModelConfig(expert_backend="mxfp8")).experts.backend.weights is not None
-    with pytest.raises(FoldmillError, match="^mxfp8_keep_weight_copies: false needs expert_backend mxfp8, got "
-                                            "fp8_rowwise$"):
-        ModelConfig(expert_backend="fp8_rowwise", mxfp8_keep_weight_copies=False)
+    assert MoEBlock(ModelConfig(expert_backend=backend)).experts.backend.weights is not None
+    for other in ("loop", "grouped", "quack"):
+        with pytest.raises(FoldmillError, match="^keep_weight_copies: false needs an 8-bit expert_backend "
+                                                rf"\(fp8_rowwise or mxfp8\), got {other}$"):
+            ModelConfig(expert_backend=other, keep_weight_copies=False)
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -895,16 +895,18 @@ def test_bench_gives_cublas_workspaces_back_between_rows():
     assert torch.cuda.memory_allocated() == before
 
 
-@pytest.mark.parametrize("store_swiglu_input", [False, True])
-def test_mxfp8_weight_copies_made_per_gemm_give_the_bits_of_the_kept_copies(store_swiglu_input):
-    """moe.mxfp8_keep_weight_copies: false makes each GEMM's copy of its weight in that GEMM (one
+@pytest.mark.parametrize(("backend", "settings"), [("mxfp8", {}), ("mxfp8", {"mxfp8_store_swiglu_input": True}),
+                                                   ("fp8_rowwise", {})],
+                         ids=["mxfp8", "mxfp8 storing the SwiGLU input", "fp8_rowwise"])
+def test_weight_copies_made_per_gemm_give_the_bits_of_the_kept_copies(backend, settings):
+    """moe.keep_weight_copies: false makes each GEMM's copy of its weight in that GEMM (one
     layout per launch) instead of both layouts once per step: the output and every gradient keep
     their bits."""
+    from foldmill.moe.experts import get_backend
     from foldmill.moe.experts.mlp import grouped_swiglu_experts
-    from foldmill.moe.experts.mxfp8 import MXFP8Gemm
 
     torch.manual_seed(7)
-    ends = torch.tensor([256, 256, 800, 1024], dtype=torch.int32, device=CUDA)  # one expert unchosen
+    ends = torch.tensor([256, 512, 800, 1024], dtype=torch.int32, device=CUDA)
     operands = (torch.randn(1024, 256, device=CUDA, dtype=torch.bfloat16), torch.rand(1024, device=CUDA),
                 torch.randn(4, 1024, 256, device=CUDA, dtype=torch.bfloat16) / 16,
                 torch.randn(4, 256, 512, device=CUDA, dtype=torch.bfloat16) / 22)
@@ -916,8 +918,8 @@ def test_mxfp8_weight_copies_made_per_gemm_give_the_bits_of_the_kept_copies(stor
         y.backward(grad_y)
         return [y.detach()] + [leaf.grad for leaf in leaves]
 
-    kept = output_and_gradients(MXFP8Gemm(store_swiglu_input=store_swiglu_input))
-    per_gemm = output_and_gradients(MXFP8Gemm(store_swiglu_input=store_swiglu_input, keep_weight_copies=False))
+    kept = output_and_gradients(get_backend(backend, **settings))
+    per_gemm = output_and_gradients(get_backend(backend, keep_weight_copies=False, **settings))
     for name, want, got in zip(("y", "x", "probs", "w13", "w2"), kept, per_gemm):
         assert torch.equal(got, want), name
     assert kept[3].abs().sum() > 0 and kept[4].abs().sum() > 0

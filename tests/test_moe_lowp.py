@@ -239,6 +239,27 @@ def test_mxfp8_weight_copies_made_per_gemm_give_the_kept_copies_values(monkeypat
         assert torch.equal(got, want), name
 
 
+def test_fp8_weight_copies_made_per_gemm_give_the_kept_copies_values(monkeypatch):
+    """The FP8 backend without keep_weight_copies makes the row-wise copy in the forward GEMM and the
+    per-(expert, k) copy in dgrad, and gives the same bits as with both copies kept."""
+    from foldmill.moe.experts import fp8_rowwise
+
+    made = []
+    for name in ("quantize_rowwise", "quantize_weight_columns", "quantize_weight_copies"):
+        monkeypatch.setattr(fp8_rowwise, name, lambda w, name=name, make=getattr(fp8_rowwise, name):
+                            made.append(name) or make(w))
+    x, probs, w13, w2, ends, grad_y = _stored_input_case(7)  # groups start on 16-row multiples
+    kept = _experts_and_gradients(Fp8RowwiseGemm(fast_accumulation=True), x, probs, w13, w2, ends, grad_y)
+    assert made == ["quantize_weight_copies"] * 2  # w13 and w2, once each
+    made.clear()
+    per_gemm = _experts_and_gradients(Fp8RowwiseGemm(fast_accumulation=True, keep_weight_copies=False),
+                                      x, probs, w13, w2, ends, grad_y)
+    assert sorted(made) == ["quantize_rowwise"] * 2 + ["quantize_weight_columns"] * 2
+    assert torch.equal(per_gemm[0], kept[0])
+    for name, got, want in zip(("x", "probs", "w13", "w2"), per_gemm[1], kept[1]):
+        assert torch.equal(got, want), name
+
+
 def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
     from foldmill.bench.moe import add_mfu, markdown_table
     from foldmill.moe.train.metrics import spec_peaks
@@ -410,7 +431,7 @@ COMPILE_CASES = {
             ("weights and dy", True, True, False, 128, 4),
             ("x and a", True, False, True, 64, 2),
             ("all three", True, True, True, 64, 4),
-            # moe.mxfp8_keep_weight_copies: false, one layout per GEMM
+            # moe.keep_weight_copies: false, one layout per GEMM
             ("weight along K", True, False, False, 64, 2),
             ("weight along N", False, True, False, 128, 4),
         ]
@@ -558,6 +579,15 @@ COMPILE_CASES = {
         {"src_ptr": "*bf16", "dst_ptr": "*fp32"},
         ("numel",),
         {"BLOCK": 4096},  # cast._BLOCK, _WARPS
+        None,
+        (4, 3),
+    ),
+    # A weight's forward copy alone (moe.keep_weight_copies: false), at the widest BLOCK it launches with.
+    "_rowwise_kernel": (
+        "foldmill.moe.kernels.fp8_quant",
+        {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+        ("cols",),
+        {"BLOCK": 2048},
         None,
         (4, 3),
     ),

@@ -152,7 +152,7 @@ def test_a_step_of_micro_batches_trains_on_the_sequences_of_one_larger_batch(cor
 
 @pytest.mark.parametrize("backend, micro_batches, on_resume", [
     ("grouped", 1, {}), ("mxfp8", 1, {}), ("grouped", 2, {}),
-    ("mxfp8", 1, {"mxfp8_keep_weight_copies": False}),  # a setting that moves memory, not values
+    ("mxfp8", 1, {"keep_weight_copies": False}),  # a setting that moves memory, not values
 ])
 def test_resume_is_bit_exact(corpus, tmp_path, backend, micro_batches, on_resume):
     config = TrainConfig(**{**SMALL.__dict__, "expert_backend": backend, "batch_size": SMALL.batch_size // micro_batches,

@@ -718,8 +718,10 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     if "mxfp8" in backends:
         row("foldmill mxfp8, CUDA graph, SwiGLU input stored in MXFP8 (moe.mxfp8_store_swiglu_input)",
             foldmill_model("mxfp8", mxfp8_store_swiglu_input=True), "fp8", graphed=True)
-        row("foldmill mxfp8, CUDA graph, weight copies per GEMM (moe.mxfp8_keep_weight_copies: false)",
-            foldmill_model("mxfp8", mxfp8_keep_weight_copies=False), "fp8", graphed=True)
+    for backend in ("fp8_rowwise", "mxfp8"):
+        if backend in backends:
+            row(f"foldmill {backend}, CUDA graph, weight copies per GEMM (moe.keep_weight_copies: false)",
+                foldmill_model(backend, keep_weight_copies=False), GEMM_PRECISION[backend], graphed=True)
     if captured_only:
         if "grouped" in backends:
             row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,

@@ -37,9 +37,10 @@ class ModelConfig:
     # (experts.mxfp8): less activation memory; the SwiGLU's gradient is then taken at the values of
     # that copy.
     mxfp8_store_swiglu_input: bool = False
-    # mxfp8 only: keep the weights' copies from their first GEMM to the optimizer step (false: make
-    # each GEMM's copy when it runs and drop it after: less peak memory, one more read of each weight).
-    mxfp8_keep_weight_copies: bool = True
+    # 8-bit backends (fp8_rowwise, mxfp8): keep the weights' copies from their first GEMM to the
+    # optimizer step (false: make each GEMM's copy when it runs and drop it after: less peak memory,
+    # one more read of each weight per pass, the same values).
+    keep_weight_copies: bool = True
     attention: str = "torch"  # one of ATTENTION_KERNELS
     init_std: float = 0.02
 
@@ -59,9 +60,10 @@ class ModelConfig:
                 f"keeps less), got expert_backend {self.expert_backend} and recompute_experts "
                 f"{str(self.recompute_experts).lower()}"
             )
-        if not self.mxfp8_keep_weight_copies and self.expert_backend != "mxfp8":
+        if not self.keep_weight_copies and self.expert_backend not in ("fp8_rowwise", "mxfp8"):
             raise FoldmillError(
-                f"mxfp8_keep_weight_copies: false needs expert_backend mxfp8, got {self.expert_backend}"
+                "keep_weight_copies: false needs an 8-bit expert_backend (fp8_rowwise or mxfp8), "
+                f"got {self.expert_backend}"
             )
         # 8-bit GEMMs block (MXFP8: 32) or align (FP8 on Hopper: 16) both expert dimensions.
         multiple = {"mxfp8": 32, "fp8_rowwise": 16}.get(self.expert_backend, 1)
@@ -113,7 +115,7 @@ class TrainConfig:
     recompute_experts: bool = False  # ModelConfig.recompute_experts
     fp8_fast_accumulation: bool = True  # ModelConfig.fp8_fast_accumulation
     mxfp8_store_swiglu_input: bool = False  # ModelConfig.mxfp8_store_swiglu_input
-    mxfp8_keep_weight_copies: bool = True  # ModelConfig.mxfp8_keep_weight_copies
+    keep_weight_copies: bool = True  # ModelConfig.keep_weight_copies
     steps: int = 100
     batch_size: int = 8  # sequences per GPU (per process) and forward pass (micro-batch)
     # Micro-batches per optimizer step and process: their gradients are summed before the update, so

@@ -20,10 +20,11 @@ GEMM_PRECISION = {"loop": "bf16", "grouped": "bf16", "fp8_rowwise": "fp8", "mxfp
 def get_backend(
     name: str, fp8_fast_accumulation: bool = ModelConfig.fp8_fast_accumulation,
     mxfp8_store_swiglu_input: bool = ModelConfig.mxfp8_store_swiglu_input,
-    mxfp8_keep_weight_copies: bool = ModelConfig.mxfp8_keep_weight_copies,
+    keep_weight_copies: bool = ModelConfig.keep_weight_copies,
 ) -> ExpertGemm:
     """The expert GEMM backend called `name` (one of BACKENDS); `fp8_fast_accumulation` applies to
-    fp8_rowwise (experts.fp8_rowwise), the `mxfp8_` settings to mxfp8 (experts.mxfp8)."""
+    fp8_rowwise (experts.fp8_rowwise), the `mxfp8_` settings to mxfp8 (experts.mxfp8), and
+    `keep_weight_copies` to both."""
     if name == "loop":
         return LoopGemm()
     if name == "grouped":
@@ -31,11 +32,11 @@ def get_backend(
     if name == "fp8_rowwise":
         from foldmill.moe.experts.fp8_rowwise import Fp8RowwiseGemm
 
-        return Fp8RowwiseGemm(fast_accumulation=fp8_fast_accumulation)
+        return Fp8RowwiseGemm(fast_accumulation=fp8_fast_accumulation, keep_weight_copies=keep_weight_copies)
     if name == "mxfp8":
         from foldmill.moe.experts.mxfp8 import MXFP8Gemm
 
-        return MXFP8Gemm(store_swiglu_input=mxfp8_store_swiglu_input, keep_weight_copies=mxfp8_keep_weight_copies)
+        return MXFP8Gemm(store_swiglu_input=mxfp8_store_swiglu_input, keep_weight_copies=keep_weight_copies)
     if name == "quack":
         from foldmill.moe.experts.quack_fused import QuackGemm
 

@@ -7,8 +7,9 @@ wgrad    dw = dy^T x  dy and x per (expert group, column) over the group's token
 Every operand is needed in two layouts: x row-wise (forward) and per group column (wgrad), dy
 row-wise (dgrad) and per group column (wgrad), w row-wise (forward) and per (expert, k) (dgrad).
 One quantizer call makes both from the same reads. The weights' copies are made once per optimizer
-step (experts.weights.WeightCache); x's weight-gradient copy is made in the forward pass and saved
-instead of x. Off CUDA the GEMMs are emulated (dequantize, then the same grouped GEMM in float32),
+step (experts.weights.WeightCache), or, with `keep_weight_copies` off (`moe.keep_weight_copies`),
+each GEMM's one layout when it runs, dropped after it: the same values for less peak memory; x's
+weight-gradient copy is made in the forward pass and saved instead of x. Off CUDA the GEMMs are emulated (dequantize, then the same grouped GEMM in float32),
 which gives the same numbers up to fp32 rounding.
 
 Fast accumulation (`moe.fp8_fast_accumulation`, on by default) lets Hopper's FP8 tensor cores keep
@@ -27,7 +28,12 @@ import torch.nn.functional as F
 
 from foldmill.moe.experts.swiglu import UnfusedSwiGLU
 from foldmill.moe.experts.weights import WeightCache
-from foldmill.moe.quant.fp8 import quantize_rows_and_group_columns, quantize_weight_copies
+from foldmill.moe.quant.fp8 import (
+    quantize_rows_and_group_columns,
+    quantize_rowwise,
+    quantize_weight_columns,
+    quantize_weight_copies,
+)
 
 
 def scaled_grouped_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -58,13 +64,21 @@ class Fp8RowwiseGemm(UnfusedSwiGLU):
     # Zero-row groups of the 2d-2d scaled grouped GEMM (wgrad) are not documented to come out zero.
     nonempty_groups = True
 
-    def __init__(self, fast_accumulation: bool) -> None:
-        self.weights = WeightCache()
+    def __init__(self, fast_accumulation: bool, keep_weight_copies: bool = True) -> None:
+        self.weights = WeightCache() if keep_weight_copies else None
         self.fast_accumulation = fast_accumulation
+
+    def _weight_copy(self, layout: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """w's (elements, scales) for the forward GEMM (row-wise over K) or for dgrad (per (expert, k)
+        over N): kept for the optimizer step, or made for this call."""
+        if self.weights is not None:  # both layouts from the same reads, for the rest of the step
+            rows, columns = self.weights.get("copies", w, quantize_weight_copies)
+            return rows if layout == "forward" else columns
+        return quantize_rowwise(w) if layout == "forward" else quantize_weight_columns(w)
 
     def forward(self, x, w, ends):
         (x_data, x_scale), x_columns = quantize_rows_and_group_columns(x, ends)
-        (w_data, w_scale), _ = self.weights.get("copies", w, quantize_weight_copies)
+        w_data, w_scale = self._weight_copy("forward", w)
         y = scaled_grouped_mm(x_data, x_scale, w_data.transpose(-2, -1), w_scale, ends, x.dtype,
                               self.fast_accumulation)
         return y, x_columns
@@ -76,7 +90,7 @@ class Fp8RowwiseGemm(UnfusedSwiGLU):
     def dgrad(self, dy_rows, w, ends, out_dtype):
         """dy_rows: dy's row-wise copy."""
         dy_data, dy_scale = dy_rows
-        _, (wt_data, wt_scale) = self.weights.get("copies", w, quantize_weight_copies)
+        wt_data, wt_scale = self._weight_copy("dgrad", w)
         return scaled_grouped_mm(dy_data, dy_scale, wt_data.transpose(-2, -1), wt_scale, ends, out_dtype,
                                  self.fast_accumulation)
 

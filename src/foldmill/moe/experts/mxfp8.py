@@ -23,7 +23,7 @@ the values of that copy and computes a again from them for the second GEMM's wei
 DeepSeek-V3 keeps the SwiGLU's input in FP8. The forward pass and every GEMM's operands stay as
 above; only what the backward reads for h changes.
 
-`keep_weight_copies` (`moe.mxfp8_keep_weight_copies`, on by default) keeps the weights' copies from
+`keep_weight_copies` (`moe.keep_weight_copies`, on by default) keeps the weights' copies from
 their first GEMM to the optimizer step. On Hopper they are bf16 values in two layouts, 4 bytes per
 expert parameter held through the whole step; off, each GEMM makes the one layout it needs and drops
 it after, so the step's peak memory comes near bf16's for one more read of each weight per pass.

@@ -54,7 +54,7 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))  # [gate; up]
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.backend = get_backend(config.expert_backend, config.fp8_fast_accumulation,
-                                   config.mxfp8_store_swiglu_input, config.mxfp8_keep_weight_copies)
+                                   config.mxfp8_store_swiglu_input, config.keep_weight_copies)
         self.recompute = config.recompute_experts
         self.shard: ExpertShard | None = None
 

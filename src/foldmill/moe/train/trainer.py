@@ -53,7 +53,7 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
         # checkpoints' compatibility) does not depend on it.
         fp8_fast_accumulation=config.fp8_fast_accumulation and config.expert_backend == "fp8_rowwise",
         mxfp8_store_swiglu_input=config.mxfp8_store_swiglu_input,
-        mxfp8_keep_weight_copies=config.mxfp8_keep_weight_copies,
+        keep_weight_copies=config.keep_weight_copies,
         aux_loss_coef=config.aux_loss_coef,
     )
 
@@ -63,7 +63,7 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
 BEFORE_FIELD_EXISTED = {"fp8_fast_accumulation": False}
 # Fields that change where memory goes, not one value a step computes: a run may resume with
 # another setting (e.g. to fit a GPU with less memory).
-SAME_VALUES_EITHER_WAY = ("mxfp8_keep_weight_copies",)
+SAME_VALUES_EITHER_WAY = ("keep_weight_copies",)
 
 
 def _with_defaults(saved: dict) -> dict:
