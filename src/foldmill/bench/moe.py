@@ -52,7 +52,7 @@ from foldmill.bench._attention import packed_records
 from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kernel_shape
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
-from foldmill.moe.config import ModelConfig, model_config
+from foldmill.moe.config import EIGHT_BIT_BACKENDS, ModelConfig, model_config
 from foldmill.moe.experts import GEMM_PRECISION
 from foldmill.moe.experts.quack_fused import quack_installed
 from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
@@ -718,7 +718,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     if "mxfp8" in backends:
         row("foldmill mxfp8, CUDA graph, SwiGLU input stored in MXFP8 (moe.mxfp8_store_swiglu_input)",
             foldmill_model("mxfp8", mxfp8_store_swiglu_input=True), "fp8", graphed=True)
-    for backend in ("fp8_rowwise", "mxfp8"):
+    for backend in EIGHT_BIT_BACKENDS:
         if backend in backends:
             row(f"foldmill {backend}, CUDA graph, weight copies per GEMM (moe.keep_weight_copies: false)",
                 foldmill_model(backend, keep_weight_copies=False), GEMM_PRECISION[backend], graphed=True)

@@ -10,6 +10,8 @@ from foldmill.errors import FoldmillError
 # The decoder's attention kernels (model.attention): torch's SDPA (cuDNN's flash kernels on Hopper)
 # and FlexAttention for packed records, or FlashAttention 4 (kernels.flash_attention_4; CUDA only).
 ATTENTION_KERNELS = ("torch", "flash_attn_4")
+# Expert backends that multiply 8-bit copies of their weights (moe.keep_weight_copies applies).
+EIGHT_BIT_BACKENDS = ("fp8_rowwise", "mxfp8")
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,9 @@ class ModelConfig:
                 f"keeps less), got expert_backend {self.expert_backend} and recompute_experts "
                 f"{str(self.recompute_experts).lower()}"
             )
-        if not self.keep_weight_copies and self.expert_backend not in ("fp8_rowwise", "mxfp8"):
+        if not self.keep_weight_copies and self.expert_backend not in EIGHT_BIT_BACKENDS:
             raise FoldmillError(
-                "keep_weight_copies: false needs an 8-bit expert_backend (fp8_rowwise or mxfp8), "
+                f"keep_weight_copies: false needs an 8-bit expert_backend ({' or '.join(EIGHT_BIT_BACKENDS)}), "
                 f"got {self.expert_backend}"
             )
         # 8-bit GEMMs block (MXFP8: 32) or align (FP8 on Hopper: 16) both expert dimensions.

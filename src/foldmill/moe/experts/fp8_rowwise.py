@@ -9,8 +9,9 @@ row-wise (dgrad) and per group column (wgrad), w row-wise (forward) and per (exp
 One quantizer call makes both from the same reads. The weights' copies are made once per optimizer
 step (experts.weights.WeightCache), or, with `keep_weight_copies` off (`moe.keep_weight_copies`),
 each GEMM's one layout when it runs, dropped after it: the same values for less peak memory; x's
-weight-gradient copy is made in the forward pass and saved instead of x. Off CUDA the GEMMs are emulated (dequantize, then the same grouped GEMM in float32),
-which gives the same numbers up to fp32 rounding.
+weight-gradient copy is made in the forward pass and saved instead of x. Off CUDA the GEMMs are
+emulated (dequantize, then the same grouped GEMM in float32), which gives the same numbers up to
+fp32 rounding.
 
 Fast accumulation (`moe.fp8_fast_accumulation`, on by default) lets Hopper's FP8 tensor cores keep
 their partial sums without promoting them to fp32 every few K blocks, as torchao's FP8 MoE training

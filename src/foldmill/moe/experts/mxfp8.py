@@ -231,8 +231,8 @@ class MXFP8Gemm:
             return make(w) if self.weights is None else self.weights.get(layout, w, make)
         if self.weights is not None:  # both layouts from one read, for the rest of the step
             along_k, along_n = self.weights.get("copies", w, _weight_copies)
-            return along_k if layout == "forward" else along_n
-        along_k, along_n, _ = round_trip(w, along_cols=layout == "forward", along_rows=layout == "dgrad")
+        else:
+            along_k, along_n, _ = round_trip(w, along_cols=layout == "forward", along_rows=layout == "dgrad")
         return along_k if layout == "forward" else along_n
 
     def swiglu_forward(self, h, row_probs):
