@@ -722,6 +722,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         if backend in backends:
             row(f"foldmill {backend}, CUDA graph, weight copies per GEMM (moe.keep_weight_copies: false)",
                 foldmill_model(backend, keep_weight_copies=False), GEMM_PRECISION[backend], graphed=True)
+    if "mxfp8" in backends:  # both memory options, as a run that must fit a smaller GPU sets them
+        row("foldmill mxfp8, CUDA graph, SwiGLU input stored in MXFP8, weight copies per GEMM",
+            foldmill_model("mxfp8", mxfp8_store_swiglu_input=True, keep_weight_copies=False), "fp8", graphed=True)
     if captured_only:
         if "grouped" in backends:
             row("foldmill grouped, document-masked, CUDA graph", foldmill_model("grouped"), "bf16", masked=True,
