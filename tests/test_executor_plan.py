@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from foldmill.errors import FoldmillError
-from foldmill.executor.faults import TargetRejected, classify, is_out_of_memory, is_sticky_cuda_error
+from foldmill.errors import FoldmillError, is_out_of_memory
+from foldmill.executor.faults import TargetRejected, classify, is_sticky_cuda_error
 from foldmill.executor.plan import WorkItem, lead_with_small_targets, over_budget, plan_run
 from foldmill.executor.progress import Progress, summary_text
 from foldmill.executor.records import Journal, TargetRecord, journal_path, write_fold_table

@@ -14,7 +14,7 @@ import torch
 
 from foldmill.cli import main as cli_main
 from foldmill.errors import CheckpointError, FoldmillError
-from foldmill.moe.config import TrainConfig, model_config
+from foldmill.moe.config import SAME_VALUES_EITHER_WAY, TrainConfig, memory_saving_settings, model_config
 from foldmill.moe.data.corpus import prepare_corpus
 from foldmill.moe.data.loader import BatchSampler, PackedWindows, document_ids
 from foldmill.moe.data.tokenizers import PAD
@@ -152,7 +152,8 @@ def test_a_step_of_micro_batches_trains_on_the_sequences_of_one_larger_batch(cor
 
 @pytest.mark.parametrize("backend, micro_batches, on_resume", [
     ("grouped", 1, {}), ("mxfp8", 1, {}), ("grouped", 2, {}),
-    ("mxfp8", 1, {"keep_weight_copies": False}),  # a setting that moves memory, not values
+    # settings that move memory, not values (moe.config.SAME_VALUES_EITHER_WAY)
+    ("mxfp8", 1, {"keep_weight_copies": False}), ("fp8_rowwise", 1, {"recompute_experts": True}),
 ])
 def test_resume_is_bit_exact(corpus, tmp_path, backend, micro_batches, on_resume):
     config = TrainConfig(**{**SMALL.__dict__, "expert_backend": backend, "batch_size": SMALL.batch_size // micro_batches,
@@ -167,6 +168,73 @@ def test_resume_is_bit_exact(corpus, tmp_path, backend, micro_batches, on_resume
     want, got = model_parameters(straight), model_parameters(resumed)
     assert all(torch.equal(want[name], got[name]) for name in want)
     assert straight.optimizer.state_dict()["state"][0]["exp_avg"].equal(resumed.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_resume_with_half_the_micro_batch_draws_the_same_sequences(corpus, tmp_path):
+    """Halving batch_size and doubling gradient_accumulation_steps, as memory_saving_settings offers
+    to a run that ran out of memory: it resumes and trains on the same sequences per step."""
+    straight = Trainer(corpus, tmp_path / "a", SMALL)
+    straight.fit()
+    shutil.copytree(tmp_path / "a/checkpoints/step_00000003", tmp_path / "b/checkpoints/step_00000003")
+    halved = dataclasses.replace(SMALL, batch_size=SMALL.batch_size // 2, gradient_accumulation_steps=2)
+    resumed = Trainer(corpus, tmp_path / "b", halved)
+    resumed.fit()
+    assert resumed.step == 6 and resumed.sampler.state_dict() == straight.sampler.state_dict()
+    # The same sequences, summed in another order (and the router's balancing loss is taken per
+    # micro-batch): close, not the same bits.
+    want, got = model_parameters(straight), model_parameters(resumed)
+    assert all(torch.allclose(want[name], got[name], rtol=0, atol=1e-3) for name in want)
+
+
+def test_memory_saving_settings_offer_what_a_run_does_not_use_yet():
+    def names(config: TrainConfig) -> list[str]:
+        return [setting.split(" (")[0] for setting in memory_saving_settings(config)]
+
+    assert names(TrainConfig(expert_backend="mxfp8", batch_size=8)) == [
+        "moe.keep_weight_copies: false", "moe.mxfp8_store_swiglu_input: true",
+        "moe.batch_size: 4 with moe.gradient_accumulation_steps: 2", "moe.recompute_experts: true"]
+    assert names(TrainConfig(expert_backend="fp8_rowwise", keep_weight_copies=False, batch_size=3)) == [
+        "moe.recompute_experts: true"]
+    assert names(TrainConfig(expert_backend="mxfp8", mxfp8_store_swiglu_input=True, keep_weight_copies=False,
+                             batch_size=1)) == []
+    # What says it resumes with the same results, the resume check lets through.
+    for setting in memory_saving_settings(TrainConfig(expert_backend="mxfp8")):
+        if "same results" in setting:
+            assert setting.removeprefix("moe.").split(":")[0] in SAME_VALUES_EITHER_WAY
+
+
+def test_a_step_larger_than_the_corpus_is_refused_in_one_line(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--batch-size", "100000",
+                     "--steps", "1"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"foldmill: error: {corpus}: "), errors
+    assert "fewer than the 100000 sequences of one optimizer step" in errors[0]
+    assert not run.exists()
+
+
+def test_a_run_out_of_memory_names_the_settings_that_fit_it(corpus, tmp_path):
+    """A real allocation failure: the process may use 1 GiB more address space than its libraries
+    take, and bio_8x1b's experts need several. One line, no traceback, naming the run and the
+    settings that lower its memory."""
+    script = (
+        "import resource, sys\n"
+        "import foldmill.cli, foldmill.cli.pretrain, foldmill.moe.train.launch, foldmill.moe.train.trainer\n"
+        "status = open('/proc/self/status').read()\n"
+        "size = int(status.split('VmSize:')[1].split()[0]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))\n"
+        "sys.exit(foldmill.cli.main(sys.argv[1:]))\n"
+    )
+    run = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-c", script, "pretrain", "train", "--corpus", str(corpus), "--run-dir",
+                             str(run), "--model", "bio_8x1b", "--expert-backend", "mxfp8", "--steps", "1",
+                             "--batch-size", "2", "--seq-len", "64"],
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"foldmill: error: {run}: out of memory (DefaultCPUAllocator: can't allocate memory"), line
+    assert "no checkpoint yet. To fit it, set one of: moe.keep_weight_copies: false (resumes, same results); " in line
 
 
 def test_checkpoint_written_before_a_model_field_existed_resumes(corpus, tmp_path):

@@ -24,3 +24,13 @@ class InputError(FoldmillError):
 
 class CheckpointError(FoldmillError):
     """A checkpoint that cannot be loaded (wrong keys, unsafe payload, unreadable)."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A GPU or host allocation that failed (torch's CUDA errors, its CPU allocator's, Python's)."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)

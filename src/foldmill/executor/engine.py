@@ -22,16 +22,16 @@ import numpy as np
 import torch
 
 from foldmill import __version__, kernels
-from foldmill.errors import FoldmillError
-from foldmill.executor.faults import TargetRejected, is_out_of_memory
+from foldmill.errors import FoldmillError, is_out_of_memory
+from foldmill.executor.faults import TargetRejected
 from foldmill.executor.plan import WorkItem
 from foldmill.executor.settings import ModelSettings
 from foldmill.executor.transfer import PackedTensor, pack_features, unpack_features
+from foldmill.fastpath.runner import FastBoltz2, FastPathOptions, inference_features
 from foldmill.features import FeaturizedTarget, StagedInputs, featurize
 from foldmill.io.targets import Entity, Target
 from foldmill.model.checkpoint import file_sha256
 from foldmill.model.config import Boltz2Config, InferenceRecipe
-from foldmill.fastpath.runner import FastBoltz2, FastPathOptions, inference_features
 from foldmill.outputs.prediction import Prediction
 from foldmill.outputs.writer import write_prediction
 from foldmill.vocab import PROTEIN_LETTERS

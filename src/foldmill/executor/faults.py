@@ -51,15 +51,6 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    import torch
-
-    if isinstance(error, torch.OutOfMemoryError | MemoryError):
-        return True
-    message = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
-
-
 def is_sticky_cuda_error(error: BaseException) -> bool:
     message = str(error).lower()
     return any(text in message for text in STICKY_CUDA_MESSAGES)

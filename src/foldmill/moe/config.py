@@ -12,6 +12,9 @@ from foldmill.errors import FoldmillError
 ATTENTION_KERNELS = ("torch", "flash_attn_4")
 # Expert backends that multiply 8-bit copies of their weights (moe.keep_weight_copies applies).
 EIGHT_BIT_BACKENDS = ("fp8_rowwise", "mxfp8")
+# Model fields that change where memory goes, not one value a step computes (tested bit for bit): a run
+# may resume with another setting, e.g. to fit a GPU with less memory.
+SAME_VALUES_EITHER_WAY = ("keep_weight_copies", "recompute_experts")
 
 
 @dataclass(frozen=True)
@@ -163,3 +166,19 @@ class TrainConfig:
             raise FoldmillError(f"peak_tflops must be >= 0 (0: the GPU's spec peak), not {self.peak_tflops}")
         if self.steps < 1 or self.batch_size < 1 or self.gradient_accumulation_steps < 1 or self.seq_len < 2:
             raise FoldmillError("steps, batch_size and gradient_accumulation_steps must be >= 1 and seq_len >= 2")
+
+
+def memory_saving_settings(config: TrainConfig) -> list[str]:
+    """The settings `config` does not use yet that lower a training step's memory per GPU, the least
+    step time first (docs/benchmarks/moe.md), each saying whether the run resumes with it."""
+    settings = []
+    if config.expert_backend in EIGHT_BIT_BACKENDS and config.keep_weight_copies:
+        settings.append("moe.keep_weight_copies: false (resumes, same results)")
+    if config.expert_backend == "mxfp8" and not (config.mxfp8_store_swiglu_input or config.recompute_experts):
+        settings.append("moe.mxfp8_store_swiglu_input: true (a new run)")
+    if config.batch_size % 2 == 0:
+        settings.append(f"moe.batch_size: {config.batch_size // 2} with moe.gradient_accumulation_steps: "
+                        f"{2 * config.gradient_accumulation_steps} (resumes, the same sequences per step)")
+    if not (config.recompute_experts or config.mxfp8_store_swiglu_input):
+        settings.append("moe.recompute_experts: true (resumes, same results)")
+    return settings

@@ -11,14 +11,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
 import torch
 
-from foldmill.errors import CheckpointError
+from foldmill.errors import CheckpointError, FoldmillError, is_out_of_memory
 from foldmill.io.atomic import write_text_atomic
-from foldmill.moe.config import ModelConfig, TrainConfig, model_config
+from foldmill.moe.config import (
+    SAME_VALUES_EITHER_WAY,
+    ModelConfig,
+    TrainConfig,
+    memory_saving_settings,
+    model_config,
+)
 from foldmill.moe.data.corpus import load_meta
 from foldmill.moe.data.loader import BatchSampler, PackedWindows, document_ids
 from foldmill.moe.model.decoder import MoEDecoder
@@ -61,9 +68,18 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
 # What a checkpoint written before a field existed ran with, where that differs from the field's
 # default: FP8 GEMMs promoted their sums to fp32 before fp8_fast_accumulation (on by default) came.
 BEFORE_FIELD_EXISTED = {"fp8_fast_accumulation": False}
-# Fields that change where memory goes, not one value a step computes: a run may resume with
-# another setting (e.g. to fit a GPU with less memory).
-SAME_VALUES_EITHER_WAY = ("keep_weight_copies",)
+
+
+def _check_step_fits_corpus(corpus_dir: str | Path, windows: int, config: TrainConfig, processes: int) -> None:
+    """One optimizer step must not draw a window twice: a batch larger than the corpus is a typo, and
+    would otherwise be stacked from thousands of epochs before the first step."""
+    step_sequences = config.batch_size * config.gradient_accumulation_steps
+    if step_sequences > windows // processes:
+        raise FoldmillError(
+            f"{corpus_dir}: {windows} training windows of {config.seq_len} tokens give each of {processes} "
+            f"process(es) {windows // processes}, fewer than the {step_sequences} sequences of one optimizer step "
+            "(batch_size x gradient_accumulation_steps); lower moe.batch_size or moe.seq_len, or add sequences"
+        )
 
 
 def _with_defaults(saved: dict) -> dict:
@@ -85,6 +101,9 @@ class Trainer:
         self.env = env or init_distributed()
         self.run_dir = Path(run_dir)
         meta = load_meta(corpus_dir)
+        self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
+        self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
+        _check_step_fits_corpus(corpus_dir, len(self.train_windows), config, self.env.world_size)
         self.model_config = build_model_config(config, meta["vocab_size"], model_overrides)
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
@@ -94,8 +113,6 @@ class Trainer:
             compile_dense_blocks(model)
         self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
         self.optimizer = build_optimizer(self.model, config, masters)
-        self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
-        self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
         # One draw per optimizer step: its micro-batches' sequences.
         self.sampler = BatchSampler(len(self.train_windows), config.batch_size * config.gradient_accumulation_steps,
                                     config.seed, self.env.rank, self.env.world_size)
@@ -243,7 +260,27 @@ class Trainer:
 
 
 def pretrain(corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig) -> dict:
-    return Trainer(corpus_dir, run_dir, config).fit()
+    """Train (resuming); a run out of memory ends in one line naming the settings that would fit it."""
+    try:
+        return Trainer(corpus_dir, run_dir, config).fit()
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        raise FoldmillError(out_of_memory_message(run_dir, config, error)) from None
+
+
+def out_of_memory_message(run_dir: str | Path, config: TrainConfig, error: BaseException) -> str:
+    """What ran out, the checkpoint the run goes on from, and the settings that would fit it."""
+    # The first two sentences, without the CPU allocator's "[enforce fail at ...] err == 0." prefix.
+    first_line = (str(error) or type(error).__name__).splitlines()[0]
+    first_line = re.sub(r"^\[enforce fail at [^\]]*\][^.]*\.\s*", "", first_line)
+    what = ". ".join(first_line.split(". ")[:2]).rstrip(".")
+    latest = latest_checkpoint(Path(run_dir) / "checkpoints")
+    where = f"the run goes on from {latest.name}" if latest else "no checkpoint yet"
+    settings = memory_saving_settings(config)
+    fixes = f"To fit it, set one of: {'; '.join(settings)}" if settings else (
+        "Every memory setting is on: shard the model over more GPUs (--processes with moe.parallel: fsdp)")
+    return f"{run_dir}: out of memory ({what}); {where}. {fixes}"
 
 
 def model_parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
