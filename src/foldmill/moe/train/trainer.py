@@ -70,13 +70,13 @@ def build_model_config(config: TrainConfig, vocab_size: int, overrides: dict | N
 BEFORE_FIELD_EXISTED = {"fp8_fast_accumulation": False}
 
 
-def _check_step_fits_corpus(corpus_dir: str | Path, windows: int, config: TrainConfig, processes: int) -> None:
+def _check_step_fits_corpus(corpus_dir: str | Path, windows: int, step_sequences: int, seq_len: int,
+                            processes: int) -> None:
     """One optimizer step must not draw a window twice: a batch larger than the corpus is a typo, and
     would otherwise be stacked from thousands of epochs before the first step."""
-    step_sequences = config.batch_size * config.gradient_accumulation_steps
     if step_sequences > windows // processes:
         raise FoldmillError(
-            f"{corpus_dir}: {windows} training windows of {config.seq_len} tokens give each of {processes} "
+            f"{corpus_dir}: {windows} training windows of {seq_len} tokens give each of {processes} "
             f"process(es) {windows // processes}, fewer than the {step_sequences} sequences of one optimizer step "
             "(batch_size x gradient_accumulation_steps); lower moe.batch_size or moe.seq_len, or add sequences"
         )
@@ -103,7 +103,12 @@ class Trainer:
         meta = load_meta(corpus_dir)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
-        _check_step_fits_corpus(corpus_dir, len(self.train_windows), config, self.env.world_size)
+        # One draw per optimizer step: its micro-batches' sequences; checked before the model is built.
+        step_sequences = config.batch_size * config.gradient_accumulation_steps
+        _check_step_fits_corpus(corpus_dir, len(self.train_windows), step_sequences, config.seq_len,
+                                self.env.world_size)
+        self.sampler = BatchSampler(len(self.train_windows), step_sequences, config.seed, self.env.rank,
+                                    self.env.world_size)
         self.model_config = build_model_config(config, meta["vocab_size"], model_overrides)
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
@@ -113,9 +118,6 @@ class Trainer:
             compile_dense_blocks(model)
         self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
         self.optimizer = build_optimizer(self.model, config, masters)
-        # One draw per optimizer step: its micro-batches' sequences.
-        self.sampler = BatchSampler(len(self.train_windows), config.batch_size * config.gradient_accumulation_steps,
-                                    config.seed, self.env.rank, self.env.world_size)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.peaks = run_peaks(self.env.device, config.peak_tflops)
         self.step = 0
