@@ -105,9 +105,11 @@ def sm90_compiled(
     num_stages: int,
     max_registers: int | None = None,
     divisible_by_16: Iterable[str] = (),
+    capability: int = 90,
 ) -> Any:
-    """A Triton kernel compiled for sm_90 ahead of time (no GPU needed); `divisible_by_16` names the
-    arguments (pointers, strides) specialised as 16-divisible, as Triton does at run time."""
+    """A Triton kernel compiled for sm_90 (or `capability`, e.g. 100 for Blackwell) ahead of time, no
+    GPU needed; `divisible_by_16` names the arguments (pointers, strides) specialised as
+    16-divisible, as Triton does at run time."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -118,7 +120,7 @@ def sm90_compiled(
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible_by_16}
     return triton.compile(
         ASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants, attrs),
-        target=GPUTarget("cuda", 90, 32),
+        target=GPUTarget("cuda", capability, 32),
         options=options,
     )
 

@@ -412,6 +412,7 @@ def test_bench_profile_totals_are_the_sums_of_its_kernels():
     assert set(totals) == {"all kernels", OTHER_KERNELS, *(category for category, _ in KERNEL_CATEGORIES)}
 
 
+MX_GEMM_CONFIGS = [(128, 128, 8, 4), (128, 128, 8, 6), (64, 256, 8, 4), (64, 128, 4, 4), (128, 64, 4, 4)]
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton
@@ -621,6 +622,46 @@ COMPILE_CASES = {
         )
         for name, rowwise, tma in [("both copies, TMA", True, True), ("transposed copy, pointers", False, False)]
     },
+    # Token permute with and without the routing weights, and its sum back per token, at the widest
+    # BLOCK_H they launch with (permute._block_h).
+    **{
+        f"_permute_kernel[{name}]": (
+            "foldmill.moe.kernels.permute",
+            {"src_ptr": "*bf16", "slots_ptr": "*i32", "probs_ptr": "*fp32", "rows_ptr": "*bf16",
+             "row_probs_ptr": "*fp32"},
+            ("hidden",),
+            {"TOP_K": 2, "HAS_PROBS": probs, "BLOCK_H": 1024},
+        )
+        for name, probs in [("with weights", True), ("rows only", False)]
+    },
+    "_sum_rows_kernel": (
+        "foldmill.moe.kernels.permute",
+        {"src_ptr": "*bf16", "index_ptr": "*i32", "out_ptr": "*bf16"},
+        ("hidden",),
+        {"TOP_K": 2, "BLOCK_H": 1024},
+    ),
+    # MXFP8 elements and scales along the last dimension (mx_quant.quantize_mx_triton).
+    "_quantize_kernel": (
+        "foldmill.moe.kernels.mx_quant",
+        {"x_ptr": "*bf16", "data_ptr": "*fp8e4nv", "scale_ptr": "*u8"},
+        ("rows", "cols", "stride_xb", "stride_xr", "stride_xc"),
+        {"BLOCK_R": 32, "BLOCK_C": 128},
+    ),
+    # The MXFP8 grouped GEMMs in each Hopper MMA mode at every tile shape their autotuner tries.
+    **{
+        f"{kernel}[{mode} MMA, {m}x{n}, {warps} warps, {stages} stages]": (
+            "foldmill.moe.kernels.mx_grouped_gemm",
+            {"sa_ptr": "*u8", "sb_ptr": "*u8", "out_ptr": "*bf16", "ends_ptr": "*i32"},
+            integers,
+            {"MMA_MODE": mode, "BLOCK_M": m, "BLOCK_N": n, "GROUP_M": 8},
+            {"a_desc": f"tensordesc<fp8e4nv[{m}, 32]>", "b_desc": f"tensordesc<fp8e4nv[{n}, 32]>"},
+            (warps, stages),
+        )
+        for kernel, integers in [("_grouped_forward_kernel", ("rows_total", "N", "K", "num_experts")),
+                                 ("_grouped_wgrad_kernel", ("N", "K"))]
+        for mode in ("fp8", "bf16")
+        for m, n, warps, stages in MX_GEMM_CONFIGS
+    },
     # bf16 parameters; float32 masters of bf16 weights (bf16-mixed, train/precision.py)
     **{
         f"_adamw_kernel[{name}]": (
@@ -645,16 +686,69 @@ def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
 
     if not HAS_TRITON:
         pytest.skip("triton not installed")
+    import triton
+
     module, pointers, integers, constants, *options = COMPILE_CASES[name]
     typed = options[0] if options else None  # arguments neither pointers nor i32 (floats, tensor descriptors)
     num_warps, num_stages = options[1] if len(options) > 1 else (4, 3)
     kernel = getattr(importlib.import_module(module), name.split("[")[0])
+    kernel = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
     signature = {**pointers, **dict.fromkeys(integers, "i32"), **(typed or {})}
     signature = {arg: signature[arg] for arg in kernel.arg_names if arg in signature}
     compiled = sm90_compiled(kernel, signature, constants, num_warps=num_warps, num_stages=num_stages,
                              divisible_by_16=list(pointers))
     assert compiled.metadata.shared <= 228 * 1024
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
+
+
+def test_every_moe_kernel_has_a_compile_case():
+    """Each kernel that foldmill.moe.kernels launches (a Triton function named *_kernel) is built for
+    sm_90 above, and the MXFP8 GEMM cases cover exactly the tile shapes its autotuner tries."""
+    import importlib
+    import pkgutil
+
+    from kernel_testing import HAS_TRITON
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    import triton
+
+    import foldmill.moe.kernels
+    from foldmill.moe.kernels.mx_grouped_gemm import CONFIGS
+
+    launched = set()
+    for info in pkgutil.iter_modules(foldmill.moe.kernels.__path__):
+        module = importlib.import_module(f"foldmill.moe.kernels.{info.name}")
+        for name, value in vars(module).items():
+            function = value.fn if isinstance(value, triton.runtime.Autotuner) else value
+            if (name.endswith("_kernel") and isinstance(function, triton.runtime.JITFunction)
+                    and function.fn.__module__ == module.__name__):
+                launched.add(name)
+    assert len(launched) >= 20
+    assert launched == {name.split("[")[0] for name in COMPILE_CASES}
+    assert MX_GEMM_CONFIGS == CONFIGS
+
+
+def test_mxfp8_gemm_lowers_to_the_block_scaled_mma_on_blackwell():
+    """The block-scaled route's kernel (MMA_MODE "scaled") built for sm_100 ahead of time: tl.dot_scaled
+    becomes the native block-scaled tensor-core MMA, not a dequantize-and-multiply fallback."""
+    from kernel_testing import HAS_TRITON, sm90_compiled
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    from foldmill.moe.kernels.mx_grouped_gemm import _grouped_forward_kernel, _grouped_wgrad_kernel
+
+    for kernel, integers in [(_grouped_forward_kernel, ("rows_total", "N", "K", "num_experts")),
+                             (_grouped_wgrad_kernel, ("N", "K"))]:
+        signature = {"sa_ptr": "*u8", "sb_ptr": "*u8", "out_ptr": "*bf16", "ends_ptr": "*i32",
+                     "a_desc": "tensordesc<fp8e4nv[128, 32]>", "b_desc": "tensordesc<fp8e4nv[128, 32]>",
+                     **dict.fromkeys(integers, "i32")}
+        signature = {arg: signature[arg] for arg in kernel.fn.arg_names if arg in signature}
+        compiled = sm90_compiled(kernel.fn, signature, {"MMA_MODE": "scaled", "BLOCK_M": 128, "BLOCK_N": 128,
+                                                        "GROUP_M": 8}, num_warps=8, num_stages=4,
+                                 divisible_by_16=["sa_ptr", "sb_ptr", "out_ptr", "ends_ptr"], capability=100)
+        assert "tc_gen5_mma_scaled" in compiled.asm["ttgir"]
+        assert compiled.asm["cubin"]
 
 
 def test_mxfp8_kernels_refuse_shapes_they_cannot_block():

@@ -19,6 +19,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from foldmill.moe.kernels import compute_capability
 from foldmill.moe.kernels.mx_quant import scale_factor
@@ -26,69 +27,60 @@ from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
 @triton.jit
-def _scaled_block_dot(
-    acc, a_ptr, sa_ptr, a_rows, a_mask, lda, sa_stride,
-    b_ptr, sb_ptr, b_rows, b_mask, ldb, sb_stride,
-    block_start, block_stop, MMA_MODE: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
+def _scaled_tile_product(
+    acc, a_desc, sa_ptr, a_first, a_rows, b_desc, b_first, sb_ptr, b_scale_first, b_rows,
+    block_start, block_stop, MMA_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """acc += sum over 32-blocks kb in [block_start, block_stop) of
-    (sa[kb, a_rows] * sb[kb, b_rows]) * a[a_rows, kb*32:+32] @ b[b_rows, kb*32:+32]^T.
+    (sa[kb, a row] * sb[kb, b row]) * a[a rows, kb*32:+32] @ b[b rows, kb*32:+32]^T
+    for a's rows a_first.. and b's rows b_first.. (b's scales indexed from b_scale_first).
 
-    Scales are stored block-major (kb, row) so each step reads them contiguously.
+    The tiles arrive by TMA, so no pointer tensors live in registers (64-bit pointers per element
+    spilled every tile shape of the pointer version); rows past a tensor's end read as 0. Scales
+    are block-major (kb, row), a_rows / b_rows rows per block; rows past those read scale 1.
     """
-    offs_k = tl.arange(0, 32)
-    a_base = a_ptr + a_rows[:, None].to(tl.int64) * lda + offs_k[None, :]
-    b_base = b_ptr + b_rows[None, :].to(tl.int64) * ldb + offs_k[:, None]
-    for step in range(block_start, block_stop, BLOCKS_PER_STEP):
-        if MMA_MODE == "bf16":
-            # One wide bf16 MMA per step over BLOCKS_PER_STEP dequantized blocks.
-            offs_w = tl.arange(0, 32 * BLOCKS_PER_STEP)
-            k_ok = step * 32 + offs_w < block_stop * 32
-            a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * lda + (step * 32 + offs_w)[None, :],
-                        mask=a_mask[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr + b_rows[None, :].to(tl.int64) * ldb + (step * 32 + offs_w)[:, None],
-                        mask=b_mask[None, :] & k_ok[:, None], other=0.0)
-            offs_kb = step + tl.arange(0, BLOCKS_PER_STEP)
-            kb_ok = offs_kb < block_stop
-            sa = tl.load(sa_ptr + offs_kb[None, :] * sa_stride + a_rows[:, None], mask=a_mask[:, None] & kb_ok[None, :],
-                         other=127)
-            sb = tl.load(sb_ptr + offs_kb[:, None] * sb_stride + b_rows[None, :], mask=b_mask[None, :] & kb_ok[:, None],
-                         other=127)
-            a32 = tl.reshape(a.to(tl.float32), (a.shape[0], BLOCKS_PER_STEP, 32)) * scale_factor(sa)[:, :, None]
-            b32 = tl.reshape(b.to(tl.float32), (BLOCKS_PER_STEP, 32, b.shape[1])) * scale_factor(sb)[:, None, :]
-            a16 = tl.reshape(a32, (a.shape[0], 32 * BLOCKS_PER_STEP)).to(tl.bfloat16)
-            b16 = tl.reshape(b32, (32 * BLOCKS_PER_STEP, b.shape[1])).to(tl.bfloat16)
-            acc = tl.dot(a16, b16, acc)
+    offs_m = a_first + tl.arange(0, BLOCK_M)
+    offs_n = b_scale_first + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = offs_m < a_rows, offs_n < b_rows
+    for kb in range(block_start, block_stop):
+        a = a_desc.load([a_first, kb * 32])
+        b = b_desc.load([b_first, kb * 32])
+        sa = tl.load(sa_ptr + kb * a_rows + offs_m, mask=m_ok, other=127)
+        sb = tl.load(sb_ptr + kb * b_rows + offs_n, mask=n_ok, other=127)
+        if MMA_MODE == "fp8":
+            acc += tl.dot(a, b.T) * (scale_factor(sa)[:, None] * scale_factor(sb)[None, :])
+        elif MMA_MODE == "bf16":
+            a16 = (a.to(tl.float32) * scale_factor(sa)[:, None]).to(tl.bfloat16)
+            b16 = (b.to(tl.float32) * scale_factor(sb)[:, None]).to(tl.bfloat16)
+            acc = tl.dot(a16, b16.T, acc)
         else:
-            for j in tl.static_range(BLOCKS_PER_STEP):
-                kb = step + j
-                ok = kb < block_stop
-                a = tl.load(a_base + kb * 32, mask=a_mask[:, None] & ok, other=0.0)
-                b = tl.load(b_base + kb * 32, mask=b_mask[None, :] & ok, other=0.0)
-                sa = tl.load(sa_ptr + kb * sa_stride + a_rows, mask=a_mask & ok, other=127)
-                sb = tl.load(sb_ptr + kb * sb_stride + b_rows, mask=b_mask & ok, other=127)
-                if MMA_MODE == "fp8":
-                    partial = tl.dot(a, b)
-                    acc += partial * (scale_factor(sa)[:, None] * scale_factor(sb)[None, :])
-                else:
-                    acc = tl.dot_scaled(a, sa[:, None], "e4m3", b, sb[:, None], "e4m3", acc=acc)
+            acc = tl.dot_scaled(a, sa[:, None], "e4m3", b.T, sb[:, None], "e4m3", acc=acc)
     return acc
 
 
+# Tile shapes (BLOCK_M, BLOCK_N, warps, stages) that compile for sm_90 without spilled registers in
+# every MMA_MODE (tests/test_moe_lowp.py builds each one).
+CONFIGS = [(128, 128, 8, 4), (128, 128, 8, 6), (64, 256, 8, 4), (64, 128, 4, 4), (128, 64, 4, 4)]
+
+
+def _tile_shapes(nargs: dict) -> None:
+    """The TMA boxes follow the tile shape the autotuner is trying."""
+    nargs["a_desc"].block_shape = [nargs["BLOCK_M"], BLOCK]
+    nargs["b_desc"].block_shape = [nargs["BLOCK_N"], BLOCK]
+
+
 def _configs() -> list[triton.Config]:
-    shapes = [(128, 128, 8, 4), (128, 256, 8, 3), (64, 128, 4, 4), (128, 128, 4, 3)]
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "GROUP_M": 8, "BLOCKS_PER_STEP": 4}, num_warps=w, num_stages=s)
-        for m, n, w, s in shapes
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "GROUP_M": 8}, num_warps=w, num_stages=s, pre_hook=_tile_shapes)
+        for m, n, w, s in CONFIGS
     ]
 
 
 @triton.autotune(configs=_configs(), key=["N", "K", "MMA_MODE"])
 @triton.jit
 def _grouped_forward_kernel(
-    a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, ends_ptr, rows_total, N, K, num_experts,
+    a_desc, sa_ptr, b_desc, sb_ptr, out_ptr, ends_ptr, rows_total, N, K, num_experts,
     MMA_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCKS_PER_STEP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
@@ -103,7 +95,7 @@ def _grouped_forward_kernel(
     # Find the expert owning the tile_m-th M tile (tiles never straddle groups).
     expert, row_start, row_stop = -1, 0, 0
     remaining, group_start = tile_m, 0
-    for e in range(0, num_experts):
+    for e in range(num_experts):
         group_stop = tl.load(ends_ptr + e)
         tiles = tl.cdiv(group_stop - group_start, BLOCK_M)
         hit = (remaining >= 0) & (remaining < tiles)
@@ -113,24 +105,24 @@ def _grouped_forward_kernel(
         remaining -= tiles
         group_start = group_stop
     if expert >= 0:
-        rows = row_start + tl.arange(0, BLOCK_M)
-        cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_mask, col_mask = rows < row_stop, cols < N
+        first_n = tile_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # b's scales are (experts, K / 32, N): offset this expert's slab, then index by column.
-        acc = _scaled_block_dot(acc, a_ptr, sa_ptr, rows, row_mask, K, rows_total,
-                                b_ptr + expert.to(tl.int64) * N * K, sb_ptr + expert.to(tl.int64) * N * (K // 32),
-                                cols, col_mask, K, N, 0, K // 32, MMA_MODE, BLOCKS_PER_STEP)
+        # b is (experts * N, K): the tile's rows past N (the next expert's) and a's rows past
+        # row_stop (the next group's) are computed and not stored. b's scales are (experts, K / 32, N).
+        acc = _scaled_tile_product(acc, a_desc, sa_ptr, row_start, rows_total,
+                                   b_desc, expert * N + first_n, sb_ptr + expert.to(tl.int64) * N * (K // 32),
+                                   first_n, N, 0, K // 32, MMA_MODE, BLOCK_M, BLOCK_N)
+        rows = row_start + tl.arange(0, BLOCK_M)
+        cols = first_n + tl.arange(0, BLOCK_N)
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < row_stop)[:, None] & (cols < N)[None, :])
 
 
 @triton.autotune(configs=_configs(), key=["N", "K", "MMA_MODE"])
 @triton.jit
 def _grouped_wgrad_kernel(
-    a_ptr, sa_ptr, b_ptr, sb_ptr, out_ptr, ends_ptr, N, K, rows_total,
+    a_desc, sa_ptr, b_desc, sb_ptr, out_ptr, ends_ptr, N, K,
     MMA_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-    BLOCKS_PER_STEP: tl.constexpr,
 ):
     # Output tile (BLOCK_M over N) x (BLOCK_N over K) of expert program_id(1).
     pid, expert = tl.program_id(0), tl.program_id(1)
@@ -142,20 +134,23 @@ def _grouped_wgrad_kernel(
     tile_n = (pid % per_group) // group_size
     group_start = tl.where(expert > 0, tl.load(ends_ptr + expert - 1, mask=expert > 0, other=0), 0)
     group_stop = tl.load(ends_ptr + expert)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _scaled_tile_product(acc, a_desc, sa_ptr, tile_m * BLOCK_M, N, b_desc, tile_n * BLOCK_N, sb_ptr,
+                               tile_n * BLOCK_N, K, group_start // 32, group_stop // 32, MMA_MODE, BLOCK_M, BLOCK_N)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask, col_mask = rows < N, cols < K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _scaled_block_dot(acc, a_ptr, sa_ptr, rows, row_mask, rows_total, N,
-                            b_ptr, sb_ptr, cols, col_mask, rows_total, K,
-                            group_start // 32, group_stop // 32, MMA_MODE, BLOCKS_PER_STEP)
     out_ptrs = out_ptr + expert.to(tl.int64) * N * K + rows[:, None].to(tl.int64) * K + cols[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (cols < K)[None, :])
 
 
 def block_major(scale: torch.Tensor) -> torch.Tensor:
     """(..., rows, blocks) scales -> (..., blocks, rows) contiguous, so a K step reads one run of bytes."""
     return scale.transpose(-2, -1).contiguous()
+
+
+def _descriptor(data: torch.Tensor) -> TensorDescriptor:
+    """A TMA descriptor of a row-major 2-D FP8 tensor; the autotuner's pre-hook sets its box."""
+    return TensorDescriptor.from_tensor(data.contiguous(), [1, BLOCK])
 
 
 def mma_mode(tensor: torch.Tensor) -> str:
@@ -178,8 +173,8 @@ def mx_grouped_mm_triton(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype
         return (max_m_tiles * triton.cdiv(n, meta["BLOCK_N"]),)
 
     _grouped_forward_kernel[grid](
-        a.data, block_major(a.scale), b.data, block_major(b.scale), out, ends, rows, n, k, experts,
-        MMA_MODE=mma_mode(a.data),
+        _descriptor(a.data), block_major(a.scale), _descriptor(b.data.view(experts * n, k)), block_major(b.scale),
+        out, ends, rows, n, k, experts, MMA_MODE=mma_mode(a.data),
     )
     return out
 
@@ -195,6 +190,6 @@ def mx_grouped_mm_wgrad_triton(a: MXTensor, b: MXTensor, ends: torch.Tensor, out
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK_M"]) * triton.cdiv(k, meta["BLOCK_N"]), experts)
 
-    _grouped_wgrad_kernel[grid](a.data, block_major(a.scale), b.data, block_major(b.scale), out, ends, n, k,
-                                rows_total, MMA_MODE=mma_mode(a.data))
+    _grouped_wgrad_kernel[grid](_descriptor(a.data), block_major(a.scale), _descriptor(b.data), block_major(b.scale),
+                                out, ends, n, k, MMA_MODE=mma_mode(a.data))
     return out

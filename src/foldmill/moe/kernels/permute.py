@@ -34,7 +34,7 @@ def _sum_rows_kernel(src_ptr, index_ptr, out_ptr, hidden, TOP_K: tl.constexpr, B
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         row = tl.load(index_ptr + token * TOP_K + k)
-        total += tl.load(src_ptr + row * hidden + offs, mask=mask, other=0.0).to(tl.float32)
+        total += tl.load(src_ptr + row.to(tl.int64) * hidden + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * hidden + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
