@@ -123,7 +123,8 @@ def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> Non
 
 # A step row's model: (model, whether it is Hugging Face's, float32 masters of its bf16 weights).
 Built = tuple[torch.nn.Module, bool, dict]
-CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn")
+CONTENDER_MODULES = ("torchao", "transformer_engine", "cudnn", "cutlass", "tilelang", "quack", "flash_attn",
+                     "deep_gemm")
 # Contenders imported only by their own rows, which run after every other section. Importing
 # Transformer Engine loads the first libcudnn it finds under CUDA_HOME or /usr/local/cuda, process
 # wide: on an H200 whose toolkit held an older cuDNN than torch's, cuDNN frontend then reported
@@ -387,10 +388,10 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
                        ends: torch.Tensor) -> None:
     """Other libraries' MoE GEMMs on the same operands, where they import: torchao's FP8 row-wise
     grouped GEMM for MoE training (quantizes the weights on every call), cuDNN frontend's MoE
-    grouped matmul (bf16) and a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
-    forward and dgrad). Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py)
-    runs after every other section (IMPORTED_LAST). QuACK's CuTe DSL GEMMs are measured as the
-    `quack` backend.
+    grouped matmul (bf16), a TileLang grouped GEMM (bench/_tilelang_grouped_gemm.py, Hopper, bf16
+    forward and dgrad) and DeepGEMM's block-scaled FP8 grouped GEMMs (bench/_deepgemm_grouped.py,
+    Hopper). Transformer Engine's GroupedLinear per recipe (bench/_te_grouped_linear.py) runs after
+    every other section (IMPORTED_LAST). QuACK's CuTe DSL GEMMs are measured as the `quack` backend.
     A library that imports but refuses the shape gets a row with its error."""
     import torch.nn.functional as F
 
@@ -424,6 +425,9 @@ def library_contenders(record: Callable[..., None], x: torch.Tensor, w: torch.Te
             want = functools.partial(F.grouped_mm, rows.float(), weights, offs=ends)
             record(f"TileLang grouped GEMM bf16 {direction} (GEMM only)", run, "bf16",
                    check=functools.partial(_error_against, run, want))
+    deepgemm_rows = _optional("foldmill.bench._deepgemm_grouped", "deepgemm_rows")
+    if deepgemm_rows is not None and torch.cuda.get_device_capability() == (9, 0):
+        deepgemm_rows(record, _error_against, x, w, dy, ends)
 
 
 def _optional(module: str, name: str) -> Callable | None:
