@@ -3,7 +3,8 @@ plan's kernels (plan_routing), the router's top-k softmax (top_k_softmax) and fl
 (router_logits), the clipping norm's sum of squares (clip_factor), AdamW's update of a bf16 weight's
 float32 master (AdamW.step), and on the bf16-mixed path RMSNorm.add_and_norm (the fused add + RMSNorm
 kernel on a float32 stream taking a bf16 delta), the experts' to_compute_dtype (a cast whose
-gradient runs the upcast kernel) and the MXFP8 SwiGLU kernels that store their input. The kernels
+gradient runs the upcast kernel), the MXFP8 SwiGLU kernels that store their input and the MXFP8
+grouped GEMMs (mxfp8.mx_grouped_mm and mx_grouped_mm_wgrad). The kernels
 run in a child process (kernel_testing.run_interpreted), where the modules' use_triton answers yes
 for CPU tensors. GPU parity, the bf16 stream included, is in test_moe_gpu.py (the interpreter
 rounds float32 to bf16 its own way, so bf16 outputs are not compared here)."""
@@ -215,6 +216,32 @@ def test_mxfp8_swiglu_kernels_storing_their_input_agree_with_the_quantizer_and_t
             assert torch.equal(out[name], out[f"want {name}"]), (case["name"], name)
 
 
+def test_mxfp8_grouped_gemms_give_the_block_scaled_products(tmp_path):
+    """The Triton MXFP8 grouped GEMMs (the block-scaled route's kernels, in their Hopper FP8-MMA mode)
+    through mxfp8.mx_grouped_mm and mx_grouped_mm_wgrad: the products of the dequantized operands to
+    float32 accumulation, with uneven groups, an expert no row chose, rows after the last group,
+    partial tiles along N and K, and zeros for the empty expert's weight gradient. One 32 x 32 tile
+    shape, as the interpreter cannot time the autotuner's; the GPU tests run the tuned kernels."""
+    generator = torch.Generator().manual_seed(5)
+    case = {"name": "gemms", "kind": "mx gemm", "dtype": "torch.float32",
+            "x": torch.randn(160, 96, generator=generator), "w": torch.randn(3, 80, 96, generator=generator),
+            "dy": torch.randn(160, 80, generator=generator),
+            "ends": torch.tensor([40, 40, 150], dtype=torch.int32),
+            "wgrad ends": torch.tensor([64, 64, 160], dtype=torch.int32)}
+    out = run_interpreted(__file__, [case], tmp_path, timeout=600)["gemms"]
+    from foldmill.moe.quant.mx import quantize_mx
+
+    x, w = quantize_mx(case["x"]).dequantize().double(), quantize_mx(case["w"]).dequantize().double()
+    want = torch.cat([x[0:40] @ w[0].t(), x[40:150] @ w[2].t()])
+    assert out["kernel calls"] == 2
+    assert relative_error(out["y"][:150], want) < 1e-6
+    a, b = quantize_mx(case["dy"].t()).dequantize().double(), quantize_mx(case["x"].t()).dequantize().double()
+    bounds = [(0, 64), (64, 64), (64, 160)]
+    want_dw = torch.stack([a[:, start:stop] @ b[:, start:stop].t() for start, stop in bounds])
+    assert relative_error(out["dw"], want_dw) < 1e-6
+    assert torch.count_nonzero(out["dw"][1]) == 0
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """A bf16 or MXFP8 tensor's bits, so that NaNs compare equal."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.uint8)
@@ -253,6 +280,8 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
 
     if case["kind"] == "mx swiglu":
         return _mx_swiglu_case(case)
+    if case["kind"] == "mx gemm":
+        return _mx_gemm_case(case)
     if case["kind"] == "sum of squares":
         from foldmill.moe.kernels import grad_norm
         from foldmill.moe.parallel import gradients
@@ -327,6 +356,31 @@ def _run_case(case: dict, dtype: torch.dtype) -> dict:
     out = moe.to_compute_dtype(t, dtype)
     (grad,) = torch.autograd.grad(out, t, case["grad"])
     return {"node": type(out.grad_fn).__name__, "out": out.detach(), "grad": grad}
+
+
+def _mx_gemm_case(case: dict) -> dict:
+    """Child process: both MXFP8 grouped GEMMs through the backend's dispatch, in FP8-MMA mode."""
+    import os
+
+    import triton
+
+    from foldmill.moe.experts import mxfp8
+    from foldmill.moe.kernels import mx_grouped_gemm
+    from foldmill.moe.quant.mx import quantize_mx
+
+    os.environ["FOLDMILL_MX_MMA"] = "fp8"
+    mxfp8.use_triton = lambda tensor: True
+    for kernel in (mx_grouped_gemm._grouped_forward_kernel, mx_grouped_gemm._grouped_wgrad_kernel):
+        kernel.configs = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "GROUP_M": 8}, num_warps=4, num_stages=2,
+                                        pre_hook=mx_grouped_gemm._tile_shapes)]
+    calls = []
+    for name in ("mx_grouped_mm_triton", "mx_grouped_mm_wgrad_triton"):
+        original = getattr(mx_grouped_gemm, name)
+        setattr(mx_grouped_gemm, name, lambda *args, original=original: calls.append(True) or original(*args))
+    y = mxfp8.mx_grouped_mm(quantize_mx(case["x"]), quantize_mx(case["w"]), case["ends"], torch.float32)
+    dw = mxfp8.mx_grouped_mm_wgrad(quantize_mx(case["dy"].t()), quantize_mx(case["x"].t()), case["wgrad ends"],
+                                   torch.float32)
+    return {"kernel calls": len(calls), "y": y, "dw": dw}
 
 
 if __name__ == "__main__":

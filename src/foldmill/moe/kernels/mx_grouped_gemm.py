@@ -35,9 +35,9 @@ def _scaled_tile_product(
     (sa[kb, a row] * sb[kb, b row]) * a[a rows, kb*32:+32] @ b[b rows, kb*32:+32]^T
     for a's rows a_first.. and b's rows b_first.. (b's scales indexed from b_scale_first).
 
-    The tiles arrive by TMA, so no pointer tensors live in registers (64-bit pointers per element
-    spilled every tile shape of the pointer version); rows past a tensor's end read as 0. Scales
-    are block-major (kb, row), a_rows / b_rows rows per block; rows past those read scale 1.
+    The tiles arrive by TMA: a 64-bit pointer per element in registers spilled at every tile shape.
+    Rows past a tensor's end read as 0. Scales are block-major (kb, row), a_rows / b_rows rows per
+    block; rows past those read scale 1.
     """
     offs_m = a_first + tl.arange(0, BLOCK_M)
     offs_n = b_scale_first + tl.arange(0, BLOCK_N)
@@ -173,7 +173,7 @@ def mx_grouped_mm_triton(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype
         return (max_m_tiles * triton.cdiv(n, meta["BLOCK_N"]),)
 
     _grouped_forward_kernel[grid](
-        _descriptor(a.data), block_major(a.scale), _descriptor(b.data.view(experts * n, k)), block_major(b.scale),
+        _descriptor(a.data), block_major(a.scale), _descriptor(b.data.reshape(experts * n, k)), block_major(b.scale),
         out, ends, rows, n, k, experts, MMA_MODE=mma_mode(a.data),
     )
     return out
