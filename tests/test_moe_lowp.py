@@ -12,6 +12,7 @@ from foldmill.moe.experts.mxfp8 import MXFP8Gemm, along_rows_values, round_trip,
 from foldmill.moe.experts.weights import WeightCache
 from foldmill.moe.quant.fp8 import quantize_group_columns, quantize_weight_columns
 from foldmill.moe.quant.mx import quantize_mx
+from kernel_testing import HAS_TRITON
 from test_moe_quant import adversarial
 
 
@@ -412,7 +413,10 @@ def test_bench_profile_totals_are_the_sums_of_its_kernels():
     assert set(totals) == {"all kernels", OTHER_KERNELS, *(category for category, _ in KERNEL_CATEGORIES)}
 
 
-MX_GEMM_CONFIGS = [(128, 128, 8, 4), (128, 128, 8, 6), (64, 256, 8, 4), (64, 128, 4, 4), (128, 64, 4, 4)]
+if HAS_TRITON:  # the tile shapes the MXFP8 GEMMs' autotuner tries
+    from foldmill.moe.kernels.mx_grouped_gemm import CONFIGS as MX_GEMM_CONFIGS
+else:
+    MX_GEMM_CONFIGS = []
 COMPILE_CASES = {
     # kernel name: (module, pointer dtypes, integer arguments, constants[, other typed arguments[, (warps, stages)]])
     # The combinations of outputs the MXFP8 backend asks for, with the warps mx_round_trip_triton
@@ -677,44 +681,48 @@ COMPILE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(COMPILE_CASES))
-def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
-    """Ahead-of-time sm_90 builds (no GPU needed) with the launch options the wrappers use."""
+def _compile_case(name: str, capability: int = 90, **constants: object):
+    """COMPILE_CASES[name] built ahead of time for `capability` (no GPU needed), with the launch
+    options the wrappers use; `constants` replace the case's own."""
     import importlib
 
-    from kernel_testing import HAS_TRITON, local_memory_instructions, sm90_compiled
-
-    if not HAS_TRITON:
-        pytest.skip("triton not installed")
     import triton
+    from kernel_testing import sm90_compiled
 
-    module, pointers, integers, constants, *options = COMPILE_CASES[name]
+    module, pointers, integers, case_constants, *options = COMPILE_CASES[name]
     typed = options[0] if options else None  # arguments neither pointers nor i32 (floats, tensor descriptors)
     num_warps, num_stages = options[1] if len(options) > 1 else (4, 3)
     kernel = getattr(importlib.import_module(module), name.split("[")[0])
     kernel = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
     signature = {**pointers, **dict.fromkeys(integers, "i32"), **(typed or {})}
     signature = {arg: signature[arg] for arg in kernel.arg_names if arg in signature}
-    compiled = sm90_compiled(kernel, signature, constants, num_warps=num_warps, num_stages=num_stages,
-                             divisible_by_16=list(pointers))
+    return sm90_compiled(kernel, signature, {**case_constants, **constants}, num_warps=num_warps,
+                         num_stages=num_stages, divisible_by_16=list(pointers), capability=capability)
+
+
+@pytest.mark.parametrize("name", sorted(COMPILE_CASES))
+def test_8bit_kernels_compile_for_sm90_without_spills(name, tmp_path):
+    """Ahead-of-time sm_90 builds (no GPU needed) with the launch options the wrappers use."""
+    from kernel_testing import local_memory_instructions
+
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    compiled = _compile_case(name)
     assert compiled.metadata.shared <= 228 * 1024
     assert local_memory_instructions(compiled, tmp_path) in (0, None)  # no spilled registers
 
 
 def test_every_moe_kernel_has_a_compile_case():
     """Each kernel that foldmill.moe.kernels launches (a Triton function named *_kernel) is built for
-    sm_90 above, and the MXFP8 GEMM cases cover exactly the tile shapes its autotuner tries."""
+    sm_90 above."""
     import importlib
     import pkgutil
-
-    from kernel_testing import HAS_TRITON
 
     if not HAS_TRITON:
         pytest.skip("triton not installed")
     import triton
 
     import foldmill.moe.kernels
-    from foldmill.moe.kernels.mx_grouped_gemm import CONFIGS
 
     launched = set()
     for info in pkgutil.iter_modules(foldmill.moe.kernels.__path__):
@@ -726,27 +734,17 @@ def test_every_moe_kernel_has_a_compile_case():
                 launched.add(name)
     assert len(launched) >= 20
     assert launched == {name.split("[")[0] for name in COMPILE_CASES}
-    assert MX_GEMM_CONFIGS == CONFIGS
 
 
 def test_mxfp8_gemm_lowers_to_the_block_scaled_mma_on_blackwell():
     """The block-scaled route's kernel (MMA_MODE "scaled") built for sm_100 ahead of time: tl.dot_scaled
     becomes the native block-scaled tensor-core MMA, not a dequantize-and-multiply fallback."""
-    from kernel_testing import HAS_TRITON, sm90_compiled
-
     if not HAS_TRITON:
         pytest.skip("triton not installed")
-    from foldmill.moe.kernels.mx_grouped_gemm import _grouped_forward_kernel, _grouped_wgrad_kernel
-
-    for kernel, integers in [(_grouped_forward_kernel, ("rows_total", "N", "K", "num_experts")),
-                             (_grouped_wgrad_kernel, ("N", "K"))]:
-        signature = {"sa_ptr": "*u8", "sb_ptr": "*u8", "out_ptr": "*bf16", "ends_ptr": "*i32",
-                     "a_desc": "tensordesc<fp8e4nv[128, 32]>", "b_desc": "tensordesc<fp8e4nv[128, 32]>",
-                     **dict.fromkeys(integers, "i32")}
-        signature = {arg: signature[arg] for arg in kernel.fn.arg_names if arg in signature}
-        compiled = sm90_compiled(kernel.fn, signature, {"MMA_MODE": "scaled", "BLOCK_M": 128, "BLOCK_N": 128,
-                                                        "GROUP_M": 8}, num_warps=8, num_stages=4,
-                                 divisible_by_16=["sa_ptr", "sb_ptr", "out_ptr", "ends_ptr"], capability=100)
+    m, n, warps, stages = MX_GEMM_CONFIGS[0]
+    for kernel in ("_grouped_forward_kernel", "_grouped_wgrad_kernel"):
+        compiled = _compile_case(f"{kernel}[fp8 MMA, {m}x{n}, {warps} warps, {stages} stages]", capability=100,
+                                 MMA_MODE="scaled")
         assert "tc_gen5_mma_scaled" in compiled.asm["ttgir"]
         assert compiled.asm["cubin"]
 

@@ -29,8 +29,8 @@ def deepgemm_rows(record: Callable[..., None], error_against: Callable[..., dict
                   dy: torch.Tensor, ends: torch.Tensor) -> None:
     """Forward, dgrad and weight-gradient rows; one row with the reason where the groups do not fit."""
     alignment = deep_gemm.get_mk_alignment_for_contiguous_layout()
-    bounds = [0, *ends.tolist()]
-    rows = [stop - start for start, stop in itertools.pairwise(bounds)]
+    groups = list(itertools.pairwise([0, *ends.tolist()]))
+    rows = [stop - start for start, stop in groups]
     if any(count % alignment for count in rows):
         record(NAME, None, "fp8", passes=0,
                failure=ValueError(f"DeepGEMM needs every expert's rows on a multiple of {alignment}, got {rows}"))
@@ -42,7 +42,7 @@ def deepgemm_rows(record: Callable[..., None], error_against: Callable[..., dict
         run = _m_grouped(activations, weights, group_of_row)
         want = functools.partial(F.grouped_mm, activations.float(), weights.float().transpose(-2, -1), offs=ends)
         record(f"{NAME} {direction} (GEMM only)", run, "fp8", check=functools.partial(error_against, run, want))
-    run = _k_grouped(dy, x, rows, ends)
+    run = _k_grouped(dy, x, groups)
     want = functools.partial(F.grouped_mm, dy.float().t(), x.float(), offs=ends)
     record(f"{NAME} K-grouped wgrad, float32 out (GEMM only)", run, "fp8",
            check=functools.partial(error_against, run, want))
@@ -63,22 +63,19 @@ def _m_grouped(activations: torch.Tensor, weights: torch.Tensor, group_of_row: t
     return run
 
 
-def _k_grouped(dy: torch.Tensor, x: torch.Tensor, rows: list[int], ends: torch.Tensor) -> Callable:
-    """dy[group]^T @ x[group] per expert into a float32 (experts, N, K), as a ready call (each call adds
-    into the output, so only its first call gives the product)."""
+def _k_grouped(dy: torch.Tensor, x: torch.Tensor, groups: list[tuple[int, int]]) -> Callable:
+    """dy[group]^T @ x[group] per expert (rows start:stop) into a float32 (experts, N, K), as a ready
+    call (each call adds into the output, so only its first call gives the product)."""
 
     def per_group(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Each expert's block transposed to (columns, rows) and flattened; scales (columns, rows / 128).
-        data, scales, start = [], [], 0
-        for count in rows:
-            group_data, group_scales = per_channel_cast_to_fp8(values[start:start + count], use_ue8m0=False)
-            data.append(group_data.t().contiguous().flatten())
-            scales.append(group_scales)
-            start += count
-        return torch.cat(data), torch.cat(scales).t()
+        casts = [per_channel_cast_to_fp8(values[start:stop], use_ue8m0=False) for start, stop in groups]
+        return (torch.cat([data.t().contiguous().flatten() for data, _ in casts]),
+                torch.cat([scales for _, scales in casts]).t())
 
     a, b = per_group(dy), per_group(x)
-    out = torch.zeros(len(rows), dy.shape[1], x.shape[1], dtype=torch.float32, device=dy.device)
+    out = torch.zeros(len(groups), dy.shape[1], x.shape[1], dtype=torch.float32, device=dy.device)
+    rows = [stop - start for start, stop in groups]
     counts = torch.tensor(rows, dtype=torch.int32, device=dy.device)
 
     def run() -> torch.Tensor:
