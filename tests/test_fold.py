@@ -226,11 +226,26 @@ def wait_for_done_markers(outdir: Path, count: int, process: subprocess.Popen, t
     assert process.poll() is None, "the run ended before it could be interrupted"
 
 
+def still_running(process: psutil.Process) -> bool:
+    """False once the process has exited or is a zombie; it may exit between any two checks."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def wait_until_gone(processes: list[psutil.Process], timeout: float = 30) -> list[psutil.Process]:
     """The processes still alive (zombies count as gone) after at most `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in processes if still_running(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
@@ -272,13 +287,13 @@ def test_workflow_interrupt_stops_the_fold_in_one_line_and_a_rerun_resumes(
     try:
         wait_for_done_markers(out, 2, run)
         processes = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
-        assert any("ray::" in " ".join(p.cmdline()) for p in processes), "no Ray worker to check"
+        assert any("ray::" in command_line(p) for p in processes), "no Ray worker to check"
         if how == "ctrl-c":
             os.killpg(run.pid, signal.SIGINT)
         else:
             run.send_signal(signal.SIGTERM if how == "sigterm-to-snakemake" else signal.SIGINT)
         alive = wait_until_gone(processes)
-        assert not alive, f"still running: {[(p.pid, p.cmdline()[:2]) for p in alive]}"
+        assert not alive, f"still running: {[(p.pid, command_line(p)[:200]) for p in alive]}"
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
