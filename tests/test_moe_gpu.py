@@ -155,14 +155,21 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance, fields)
 
 
 @needs_quack
-@pytest.mark.parametrize(("experts", "hidden", "ffn", "tokens"), [(6, 256, 384, 1000), (8, 2048, 4096, 4000)],
-                         ids=["small", "bio_8x1b experts, measured tiles"])
-def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose(experts, hidden, ffn, tokens):
+@pytest.mark.parametrize(("experts", "hidden", "ffn", "tokens", "torch_plain_gemms"),
+                         [(6, 256, 384, 1000, False), (8, 2048, 4096, 4000, False), (6, 256, 384, 1000, True)],
+                         ids=["small", "bio_8x1b experts, measured tiles", "small, plain GEMMs on torch"])
+def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose(experts, hidden, ffn, tokens,
+                                                                                    torch_plain_gemms, monkeypatch):
     """The SwiGLU in QuACK's epilogues (h interleaved, w13 read and its gradient written as [gate;
     up]) gives the expert MLP's output and every gradient; the unchosen expert's one zero row gives
     it a zero weight gradient. At bio_8x1b's expert shape both epilogue GEMMs run with the tiles
-    measured for them (MEASURED_TILES) instead of QuACK's default."""
-    from foldmill.moe.experts import get_backend
+    measured for them (MEASURED_TILES) instead of QuACK's default. With the shape in
+    TORCH_PLAIN_GEMMS, only the epilogue GEMMs run on QuACK (QuackEpilogueCalls)."""
+    from foldmill.moe.experts import get_backend, quack_fused
+
+    if torch_plain_gemms:
+        monkeypatch.setattr(quack_fused, "TORCH_PLAIN_GEMMS", {(torch.cuda.get_device_name(), hidden, ffn)})
+        assert quack_fused.calls_for_experts(torch.zeros(1, device=CUDA), hidden, ffn) is quack_fused.QuackEpilogueCalls
     from foldmill.moe.experts.mlp import grouped_swiglu_experts
     from foldmill.moe.experts.routing import permute_tokens
 

@@ -18,7 +18,9 @@ The epilogue works on adjacent column pairs: h and grad_h hold gate and up inter
 concat layout reads and writes them that way.
 
 Where QuACK cannot run (no CUDA: CPU tests) the same calls run in torch (`TorchCalls`), with h in
-[gate | up] layout; the autograd function is the same.
+[gate | up] layout; the autograd function is the same. Where torch's grouped_mm was measured faster
+than QuACK's default tiles on the plain GEMMs (`TORCH_PLAIN_GEMMS`), only the two epilogue GEMMs run
+on QuACK (`QuackEpilogueCalls`).
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ class TorchCalls:
         grad_h, grad_probs = swiglu_backward(h, row_probs, cls.dgrad(dy, w2, offsets))
         return grad_h, swiglu_forward(h, row_probs), grad_probs
 
-    gated_dgrad = dgrad
-    gated_wgrad = wgrad
+    @classmethod
+    def gated_gradients(cls, grad_h, w13, x, offsets):
+        """(grad_x, grad_w13) from grad_h in this class's h layout."""
+        return cls.dgrad(grad_h, w13, offsets), cls.wgrad(grad_h, x, offsets)
 
 
 class QuackCalls:
@@ -95,16 +99,30 @@ class QuackCalls:
         return dgated_gemm(dy, w2, h, row_probs, offsets, tile_config("dgated", dy.device, dy.shape[1], w2.shape[2]))
 
     @staticmethod
-    def gated_dgrad(grad_h, w13, offsets):
+    def gated_gradients(grad_h, w13, x, offsets):
+        """(grad_x, grad_w13) from the interleaved grad_h, w13 and its gradient as [gate; up]."""
         from quack.gemm_interface import gemm
 
-        return gemm(grad_h, w13, cu_seqlens_m=offsets, concat_layout=("B",), tuned=False)
+        grad_x = gemm(grad_h, w13, cu_seqlens_m=offsets, concat_layout=("B",), tuned=False)
+        return grad_x, gemm(grad_h.T, x, cu_seqlens_k=offsets, concat_layout=("out",), tuned=False)
+
+
+class QuackEpilogueCalls(QuackCalls):
+    """QuACK for the two GEMMs with the SwiGLU in their epilogues, torch's grouped_mm for the
+    second forward GEMM and the two on grad_h (after one copy of grad_h into [gate | up]): where
+    QuACK's default tiles were measured slower on those (TORCH_PLAIN_GEMMS)."""
+
+    linear = staticmethod(TorchCalls.linear)
 
     @staticmethod
-    def gated_wgrad(grad_h, x, offsets):
-        from quack.gemm_interface import gemm
+    def gated_gradients(grad_h, w13, x, offsets):
+        return TorchCalls.gated_gradients(deinterleave(grad_h), w13, x, offsets)
 
-        return gemm(grad_h.T, x, cu_seqlens_k=offsets, concat_layout=("out",), tuned=False)
+
+def deinterleave(h: torch.Tensor) -> torch.Tensor:
+    """(rows, 2F) with gate and up interleaved -> [gate | up], contiguous."""
+    rows, width = h.shape
+    return h.reshape(rows, width // 2, 2).transpose(1, 2).reshape(rows, width)
 
 
 def gated_gemm(x, w13, row_probs, offsets, config=None):
@@ -142,6 +160,24 @@ MEASURED_TILES = {
     ("dgated", H100, 2048, 4096): PINGPONG_128X128,
     ("dgated", H100, 4096, 14336): PINGPONG_128X128_CLUSTER_2X1,
 }
+
+
+# Expert shapes by GPU where torch's grouped_mm beats QuACK's default tiles on the backend's plain
+# GEMMs, so that only the epilogue GEMMs stay on QuACK (QuackEpilogueCalls). On the H100 at
+# Mixtral-8x7B's experts, in CUDA graphs at 8,192 and 32,768 tokens: a @ w2 2.70 and 11.30 ms on
+# torch against 3.08 and 16.72, the gradient of x from grad_h 6.29 and 27.27 (the copy into
+# [gate | up] included) against 8.14 and 38.11, that of w13 6.65 and 23.77 against 7.07 and 34.61,
+# the same bits for w13. At bio_8x1b's experts QuACK is as fast or faster there, and the copy
+# alone (0.36 ms at 8,192 tokens) costs more than torch would save.
+TORCH_PLAIN_GEMMS = {(H100, 4096, 14336)}
+
+
+def calls_for_experts(x: torch.Tensor, hidden: int, ffn: int) -> type[TorchCalls | QuackCalls]:
+    """calls_for(x), with torch's GEMMs in place of QuACK's plain ones where measured faster."""
+    calls = calls_for(x)
+    if calls is QuackCalls and (torch.cuda.get_device_name(x.device), hidden, ffn) in TORCH_PLAIN_GEMMS:
+        return QuackEpilogueCalls
+    return calls
 
 
 @functools.cache
@@ -220,7 +256,7 @@ def row_offsets(ends: torch.Tensor) -> torch.Tensor:
 class FusedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, row_probs, w13, w2, ends, recompute: bool):
-        calls, offsets = calls_for(x), row_offsets(ends)
+        calls, offsets = calls_for_experts(x, w13.shape[2], w2.shape[2]), row_offsets(ends)
         ctx.recompute, ctx.probs_dtype = recompute, row_probs.dtype
         row_probs = row_probs.float().contiguous()
         h, a = calls.gated(x, w13, row_probs, offsets)
@@ -231,13 +267,12 @@ class FusedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, row_probs, w13, w2, offsets, h = ctx.saved_tensors
-        calls, grad_y = calls_for(x), grad_y.contiguous()
+        calls, grad_y = calls_for_experts(x, w13.shape[2], w2.shape[2]), grad_y.contiguous()
         if ctx.recompute:  # the forward's own kernel again, so h is bit for bit the forward's
             h, _ = calls.gated(x, w13, row_probs, offsets)
         grad_h, scaled_a, grad_probs = calls.dgated(grad_y, w2, h, row_probs, offsets)
         grad_w2 = calls.wgrad(grad_y, scaled_a, offsets)
-        grad_x = calls.gated_dgrad(grad_h, w13, offsets)
-        grad_w13 = calls.gated_wgrad(grad_h, x, offsets)
+        grad_x, grad_w13 = calls.gated_gradients(grad_h, w13, x, offsets)
         return grad_x, grad_probs.to(ctx.probs_dtype), grad_w13, grad_w2, None, None
 
 
