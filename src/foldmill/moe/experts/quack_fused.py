@@ -163,7 +163,8 @@ MEASURED_TILES = {
 
 
 # Expert shapes by GPU where torch's grouped_mm beats QuACK's default tiles on the backend's plain
-# GEMMs, so that only the epilogue GEMMs stay on QuACK (QuackEpilogueCalls). On the H100 at
+# GEMMs, so that only the epilogue GEMMs stay on QuACK (QuackEpilogueCalls); `foldmill bench moe
+# --sections quack-tiles` times both. On the H100 at
 # Mixtral-8x7B's experts, in CUDA graphs at 8,192 and 32,768 tokens: a @ w2 2.70 and 11.30 ms on
 # torch against 3.08 and 16.72, the gradient of x from grad_h 6.29 and 27.27 (the copy into
 # [gate | up] included) against 8.14 and 38.11, that of w13 6.65 and 23.77 against 7.07 and 34.61,
