@@ -166,12 +166,12 @@ def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_cho
     measured for them (MEASURED_TILES) instead of QuACK's default. With the shape in
     TORCH_PLAIN_GEMMS, only the epilogue GEMMs run on QuACK (QuackEpilogueCalls)."""
     from foldmill.moe.experts import get_backend, quack_fused
+    from foldmill.moe.experts.mlp import grouped_swiglu_experts
+    from foldmill.moe.experts.routing import permute_tokens
 
     if torch_plain_gemms:
         monkeypatch.setattr(quack_fused, "TORCH_PLAIN_GEMMS", {(torch.cuda.get_device_name(), hidden, ffn)})
         assert quack_fused.calls_for_experts(torch.zeros(1, device=CUDA), hidden, ffn) is quack_fused.QuackEpilogueCalls
-    from foldmill.moe.experts.mlp import grouped_swiglu_experts
-    from foldmill.moe.experts.routing import permute_tokens
 
     torch.manual_seed(5)
     choice = torch.randint(0, experts - 1, (tokens, 1))

@@ -258,7 +258,7 @@ class FusedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, row_probs, w13, w2, ends, recompute: bool):
         calls, offsets = calls_for_experts(x, w13.shape[2], w2.shape[2]), row_offsets(ends)
-        ctx.recompute, ctx.probs_dtype = recompute, row_probs.dtype
+        ctx.calls, ctx.recompute, ctx.probs_dtype = calls, recompute, row_probs.dtype
         row_probs = row_probs.float().contiguous()
         h, a = calls.gated(x, w13, row_probs, offsets)
         y = calls.linear(a, w2, offsets)
@@ -268,7 +268,7 @@ class FusedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, row_probs, w13, w2, offsets, h = ctx.saved_tensors
-        calls, grad_y = calls_for_experts(x, w13.shape[2], w2.shape[2]), grad_y.contiguous()
+        calls, grad_y = ctx.calls, grad_y.contiguous()
         if ctx.recompute:  # the forward's own kernel again, so h is bit for bit the forward's
             h, _ = calls.gated(x, w13, row_probs, offsets)
         grad_h, scaled_a, grad_probs = calls.dgated(grad_y, w2, h, row_probs, offsets)
