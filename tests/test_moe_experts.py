@@ -344,41 +344,14 @@ def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse(monkeypat
 
 def test_quack_tiles_are_pinned_per_gpu_where_measured():
     """The H100 and the H200 share sm_90 but not their fastest tiles: the H100's gated GEMMs keep
-    QuACK's default (measured faster there), its dgated GEMMs take measured tiles, and no pin
-    applies to a GPU or shape it was not measured on."""
+    QuACK's default (measured faster there), its dgated GEMMs take measured tiles, at Mixtral-8x7B's
+    experts its plain GEMMs too, and no pin applies to a GPU or shape it was not measured on. Every
+    pin names a GEMM the backend looks tiles up for."""
     from foldmill.moe.experts.quack_fused import MEASURED_TILES
 
-    assert {key[:2] for key in MEASURED_TILES} == {("gated", "NVIDIA H200"), ("dgated", "NVIDIA H200"),
-                                                   ("dgated", "NVIDIA H100 80GB HBM3")}
-    assert {key[2:] for key in MEASURED_TILES} == {(2048, 4096), (4096, 14336)}  # bio_8x1b, Mixtral-8x7B
-
-
-def test_quack_epilogue_calls_give_the_gradients_of_the_interleaved_grad_h():
-    """Where torch's GEMMs replace QuACK's plain ones (QuackEpilogueCalls), the interleaved grad_h
-    (gate and up alternating, as QuACK's epilogues write it) is copied into [gate | up] first, so
-    x's and w13's gradients are those of the same values in torch's layout, w13's as [gate; up]."""
-    from foldmill.moe.experts.quack_fused import QuackEpilogueCalls, TorchCalls, deinterleave, row_offsets
-
-    torch.manual_seed(0)
-    experts, hidden, ffn = 3, 8, 6
-    ends = torch.tensor([5, 5, 12])
-    offsets = row_offsets(ends)
-    grad_h = torch.randn(12, 2 * ffn)  # [gate | up]
-    interleaved = torch.stack((grad_h[:, :ffn], grad_h[:, ffn:]), dim=2).reshape(12, 2 * ffn)
-    assert torch.equal(deinterleave(interleaved), grad_h)
-    w13, x = torch.randn(experts, 2 * ffn, hidden), torch.randn(12, hidden)
-    got = QuackEpilogueCalls.gated_gradients(interleaved, w13, x, offsets)
-    want = TorchCalls.gated_gradients(grad_h, w13, x, offsets)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-    rows = zip(offsets[:-1].tolist(), offsets[1:].tolist())
-    torch.testing.assert_close(want[0], torch.cat([grad_h[a:b] @ w13[e] for e, (a, b) in enumerate(rows)]))
-
-
-def test_torch_replaces_quacks_plain_gemms_only_where_measured():
-    """QuackEpilogueCalls only for the GPU and expert shape measured faster (the H100 at
-    Mixtral-8x7B's experts), never on the CPU."""
-    from foldmill.moe.experts.quack_fused import TORCH_PLAIN_GEMMS, TorchCalls, calls_for_experts
-
-    assert TORCH_PLAIN_GEMMS == {("NVIDIA H100 80GB HBM3", 4096, 14336)}
-    assert calls_for_experts(torch.zeros(1), 4096, 14336) is TorchCalls
+    h100_mixtral = {(kernel, "NVIDIA H100 80GB HBM3", 4096, 14336) for kernel in ("dgated", "down", "grad_x", "grad_w13")}
+    assert set(MEASURED_TILES) == {("gated", "NVIDIA H200", 2048, 4096), ("dgated", "NVIDIA H200", 2048, 4096),
+                                   ("dgated", "NVIDIA H100 80GB HBM3", 2048, 4096)} | h100_mixtral
+    assert {key[0] for key in MEASURED_TILES} <= {"gated", "dgated", "down", "grad_w2", "grad_x", "grad_w13"}
+    assert all(set(tiles) == {"tile_m", "tile_n", "pingpong", "cluster_m", "cluster_n"}
+               for tiles in MEASURED_TILES.values())

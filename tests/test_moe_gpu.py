@@ -155,23 +155,31 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance, fields)
 
 
 @needs_quack
-@pytest.mark.parametrize(("experts", "hidden", "ffn", "tokens", "torch_plain_gemms"),
+@pytest.mark.parametrize(("experts", "hidden", "ffn", "tokens", "pin_every_gemm"),
                          [(6, 256, 384, 1000, False), (8, 2048, 4096, 4000, False), (6, 256, 384, 1000, True)],
-                         ids=["small", "bio_8x1b experts, measured tiles", "small, plain GEMMs on torch"])
+                         ids=["small", "bio_8x1b experts, measured tiles", "small, every GEMM on pinned tiles"])
 def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose(experts, hidden, ffn, tokens,
-                                                                                    torch_plain_gemms, monkeypatch):
+                                                                                    pin_every_gemm, monkeypatch):
     """The SwiGLU in QuACK's epilogues (h interleaved, w13 read and its gradient written as [gate;
     up]) gives the expert MLP's output and every gradient; the unchosen expert's one zero row gives
-    it a zero weight gradient. At bio_8x1b's expert shape both epilogue GEMMs run with the tiles
-    measured for them (MEASURED_TILES) instead of QuACK's default. With the shape in
-    TORCH_PLAIN_GEMMS, only the epilogue GEMMs run on QuACK (QuackEpilogueCalls)."""
+    it a zero weight gradient. At bio_8x1b's expert shape the epilogue GEMMs run with the tiles
+    measured for them (MEASURED_TILES) instead of QuACK's default; pinned, every GEMM runs on the
+    tiles given, the plain ones on those measured at Mixtral-8x7B's experts."""
     from foldmill.moe.experts import get_backend, quack_fused
     from foldmill.moe.experts.mlp import grouped_swiglu_experts
     from foldmill.moe.experts.routing import permute_tokens
 
-    if torch_plain_gemms:
-        monkeypatch.setattr(quack_fused, "TORCH_PLAIN_GEMMS", {(torch.cuda.get_device_name(), hidden, ffn)})
-        assert quack_fused.calls_for_experts(torch.zeros(1, device=CUDA), hidden, ffn) is quack_fused.QuackEpilogueCalls
+    if pin_every_gemm:
+        gpu, mixtral = torch.cuda.get_device_name(), ("NVIDIA H100 80GB HBM3", 4096, 14336)
+        pins = {(kernel, gpu, hidden, ffn): quack_fused.MEASURED_TILES.get((kernel, *mixtral))
+                for kernel in ("gated", "dgated", "down", "grad_w2", "grad_x", "grad_w13")}
+        pins[("grad_w2", gpu, hidden, ffn)] = {"tile_m": 128, "tile_n": 256, "pingpong": False, "cluster_m": 2,
+                                               "cluster_n": 1}
+        pins[("gated", gpu, hidden, ffn)] = quack_fused.PINGPONG_128X128
+        monkeypatch.setattr(quack_fused, "MEASURED_TILES", pins)
+        quack_fused.tile_config.cache_clear()
+        assert all(quack_fused.tile_config(kernel, torch.device(CUDA), hidden, ffn) is not None
+                   for kernel, *_ in pins)
 
     torch.manual_seed(5)
     choice = torch.randint(0, experts - 1, (tokens, 1))
@@ -198,6 +206,7 @@ def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_cho
     want = run("loop", torch.device("cpu"), torch.float64)
     got[1], want[1] = got[1][:end], want[1][:end]
     got[2], want[2] = got[2][:end], want[2][:end]
+    quack_fused.tile_config.cache_clear()  # the pins monkeypatch takes back
     for name, g, w in zip(("y", "x", "row_probs", "w13", "w2"), got, want):
         assert relative_error(g.double().cpu(), w) < 1e-2, name
     assert not got[3][1].any() and not got[4][1].any()

@@ -19,10 +19,10 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
          copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
          with the bytes they move per second (bench/_moe_kernels.py)
-  quack-tiles  (not in the defaults; needs QuACK) the quack backend's two epilogue GEMMs under each
-         tile configuration QuACK's autotuner tries, at the step model's and the wide model's expert
-         shapes, beside the grouped backend's GEMM + SwiGLU kernel, in CUDA graphs
-         (bench/_quack_tiles.py)
+  quack-tiles  (not in the defaults; needs QuACK) each GEMM of the quack backend's expert MLP under
+         each tile configuration QuACK's autotuner tries, at the step model's and the wide model's
+         expert shapes, beside what the grouped backend runs instead, in CUDA graphs; about 280
+         cases, some minutes (bench/_quack_tiles.py)
 TFLOP/s counts model FLOPs only (document-masked rows: the attention pairs their records keep).
 MFU columns: against the dense spec peak of the row's precision (989 bf16, 1,979 FP8; MXFP8 rows
 count as 8-bit), against the bf16 spec peak, and against the 8192^3 GEMM rate of the row's
@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated: gemm, layer, step, attention (one layer's attention per "
                              "implementation), profile (kernel time by category per step), "
                              "kernels (SwiGLU and 8-bit copy kernels alone), quack-tiles (tile configurations of "
-                             "the quack backend's epilogue GEMMs)")
+                             "the quack backend's GEMMs)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per layer call / per training step")
     parser.add_argument("--step-model", default="bio_8x1b", help="model config for the full training step")

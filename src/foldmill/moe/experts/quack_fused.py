@@ -18,9 +18,9 @@ The epilogue works on adjacent column pairs: h and grad_h hold gate and up inter
 concat layout reads and writes them that way.
 
 Where QuACK cannot run (no CUDA: CPU tests) the same calls run in torch (`TorchCalls`), with h in
-[gate | up] layout; the autograd function is the same. Where torch's grouped_mm was measured faster
-than QuACK's default tiles on the plain GEMMs (`TORCH_PLAIN_GEMMS`), only the two epilogue GEMMs run
-on QuACK (`QuackEpilogueCalls`).
+[gate | up] layout; the autograd function is the same. Each QuACK GEMM of the expert MLP runs on
+QuACK's default tiles unless others were measured faster for the GPU and expert shape
+(`MEASURED_TILES`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ class TorchCalls:
     def wgrad(dy, x, offsets):
         return F.grouped_mm(dy.t(), x, offs=offsets[1:])
 
+    down = linear  # a @ w2, the expert MLP's second forward GEMM
+    grad_w2 = wgrad
+
     @classmethod
     def gated(cls, x, w13, row_probs, offsets):
         h = cls.linear(x, w13, offsets)
@@ -68,26 +71,29 @@ class TorchCalls:
 
 
 class QuackCalls:
-    """The same calls through QuACK, h and grad_h interleaved. No autotuning (`tuned=False`: it
-    compiles every candidate, minutes per shape): default tiles, or measured ones (tile_config)."""
+    """The same calls through QuACK, h and grad_h interleaved. No autotuning (it compiles every
+    candidate, minutes per shape): the expert MLP's GEMMs run on measured tiles where there are
+    some (tile_config), QuACK's default otherwise, as does a single grouped linear layer."""
 
     @staticmethod
     def linear(x, w, offsets):
-        from quack.gemm_interface import gemm
-
-        return gemm(x, w.mT, cu_seqlens_m=offsets, tuned=False)
+        return plain_gemm(x, w.mT, None, cu_seqlens_m=offsets)
 
     @staticmethod
     def dgrad(dy, w, offsets):
-        from quack.gemm_interface import gemm
-
-        return gemm(dy, w, cu_seqlens_m=offsets, tuned=False)
+        return plain_gemm(dy, w, None, cu_seqlens_m=offsets)
 
     @staticmethod
     def wgrad(dy, x, offsets):
-        from quack.gemm_interface import gemm
+        return plain_gemm(dy.T, x, None, cu_seqlens_k=offsets)
 
-        return gemm(dy.T, x, cu_seqlens_k=offsets, tuned=False)
+    @staticmethod
+    def down(a, w2, offsets):
+        return down_gemm(a, w2, offsets, tile_config("down", a.device, w2.shape[1], w2.shape[2]))
+
+    @staticmethod
+    def grad_w2(dy, scaled_a, offsets):
+        return grad_w2_gemm(dy, scaled_a, offsets, tile_config("grad_w2", dy.device, dy.shape[1], scaled_a.shape[1]))
 
     @staticmethod
     def gated(x, w13, row_probs, offsets):
@@ -101,28 +107,46 @@ class QuackCalls:
     @staticmethod
     def gated_gradients(grad_h, w13, x, offsets):
         """(grad_x, grad_w13) from the interleaved grad_h, w13 and its gradient as [gate; up]."""
-        from quack.gemm_interface import gemm
-
-        grad_x = gemm(grad_h, w13, cu_seqlens_m=offsets, concat_layout=("B",), tuned=False)
-        return grad_x, gemm(grad_h.T, x, cu_seqlens_k=offsets, concat_layout=("out",), tuned=False)
-
-
-class QuackEpilogueCalls(QuackCalls):
-    """QuACK for the two GEMMs with the SwiGLU in their epilogues, torch's grouped_mm for the
-    second forward GEMM and the two on grad_h (after one copy of grad_h into [gate | up]): where
-    QuACK's default tiles were measured slower on those (TORCH_PLAIN_GEMMS)."""
-
-    linear = staticmethod(TorchCalls.linear)
-
-    @staticmethod
-    def gated_gradients(grad_h, w13, x, offsets):
-        return TorchCalls.gated_gradients(deinterleave(grad_h), w13, x, offsets)
+        hidden, ffn = x.shape[1], w13.shape[1] // 2
+        return (grad_x_gemm(grad_h, w13, offsets, tile_config("grad_x", x.device, hidden, ffn)),
+                grad_w13_gemm(grad_h, x, offsets, tile_config("grad_w13", x.device, hidden, ffn)))
 
 
-def deinterleave(h: torch.Tensor) -> torch.Tensor:
-    """(rows, 2F) with gate and up interleaved -> [gate | up], contiguous."""
-    rows, width = h.shape
-    return h.reshape(rows, width // 2, 2).transpose(1, 2).reshape(rows, width)
+def plain_gemm(a, b, config, **kwargs):
+    """QuACK's grouped GEMM a @ b without an epilogue, on `config`'s tiles (a GemmConfig) or, for
+    None, QuACK's default. QuACK's `gemm` takes no tiles, so a pinned call goes to the function its
+    autotuner wraps, with the output allocated here as `gemm` would."""
+    from quack.gemm_interface import gemm, gemm_tuned
+
+    if config is None:
+        return gemm(a, b, tuned=False, **kwargs)
+    cu_seqlens_k = kwargs.get("cu_seqlens_k")
+    if cu_seqlens_k is None:
+        out = a.new_empty(a.shape[0], b.shape[-1])
+    else:
+        out = a.new_empty(cu_seqlens_k.shape[0] - 1, a.shape[0], b.shape[-1])
+    gemm_tuned.fn(a, b, out, config=config, **kwargs)
+    return out
+
+
+def down_gemm(a, w2, offsets, config=None):
+    """y = a @ w2 per expert; `config` a QuACK GemmConfig, None for QuACK's default tiles."""
+    return plain_gemm(a, w2.mT, config, cu_seqlens_m=offsets)
+
+
+def grad_w2_gemm(dy, scaled_a, offsets, config=None):
+    """w2's gradient, dy^T @ (p * a) per expert; `config` as for down_gemm."""
+    return plain_gemm(dy.T, scaled_a, config, cu_seqlens_k=offsets)
+
+
+def grad_x_gemm(grad_h, w13, offsets, config=None):
+    """x's gradient from the interleaved grad_h and w13 as [gate; up]; `config` as for down_gemm."""
+    return plain_gemm(grad_h, w13, config, cu_seqlens_m=offsets, concat_layout=("B",))
+
+
+def grad_w13_gemm(grad_h, x, offsets, config=None):
+    """w13's gradient as [gate; up] from the interleaved grad_h; `config` as for down_gemm."""
+    return plain_gemm(grad_h.T, x, config, cu_seqlens_k=offsets, concat_layout=("out",))
 
 
 def gated_gemm(x, w13, row_probs, offsets, config=None):
@@ -142,49 +166,37 @@ def dgated_gemm(dy, w2, h, row_probs, offsets, config=None):
                        cu_seqlens_m=offsets, tuned=False, config=config)
 
 
-# Tiles of the two epilogue GEMMs by (kernel, GPU name as torch gives it, hidden, ffn), where
+# Tiles of the expert MLP's GEMMs by (kernel, GPU name as torch gives it, hidden, ffn), where
 # measured faster than QuACK's default in CUDA graphs, as the captured step runs them (`foldmill
-# bench moe --sections quack-tiles`, docs/benchmarks/moe.md). By GPU, not compute capability: the
-# H100 and the H200 (SXM) share sm_90 but not the best tiles. Of the 18 configurations QuACK's
-# autotuner tries, 128 x 128 pingpong: at bio_8x1b's experts on the H200 with a 1 x 2 cluster, the
-# gated GEMM 0.72 ms against the default's 0.78, the dgated 0.49 against 0.68; on the H100 the
-# dgated 0.53 against 0.71-0.73 (1 x 2) and at Mixtral-8x7B's experts 3.21 against 3.45-3.52
-# (2 x 1), while its gated GEMMs run fastest, or within 0.4%, on the default (0.71-0.72 ms at
-# bio_8x1b, 0.85 pinned). Other shapes and GPUs keep the default.
+# bench moe --sections quack-tiles`, docs/benchmarks/moe.md). Kernels: the two epilogue GEMMs
+# (gated, dgated), a @ w2 (down), and the plain GEMMs of the backward (grad_w2; grad_x and
+# grad_w13 from the interleaved grad_h). By GPU, not compute capability: the H100 and the H200
+# (SXM) share sm_90 but not the best tiles. At bio_8x1b's experts, 8,192 tokens: on the H200,
+# 128 x 128 pingpong with a 1 x 2 cluster runs the gated GEMM in 0.72 ms against the default's
+# 0.78 and the dgated in 0.49 against 0.68; on the H100 the dgated in 0.53 against 0.71-0.73,
+# while its gated GEMM runs fastest on the default. At Mixtral-8x7B's experts on the H100: the
+# dgated 3.21 against 3.45-3.52 (pingpong, 2 x 1), a @ w2 2.42 against 2.94 (256 x 160
+# cooperative, 2 x 1), x's gradient 5.25 against 7.51 (256 x 192 cooperative, 1 x 2) and w13's
+# 5.23 against 6.88 (192 x 128 pingpong, 1 x 2); the last three beat torch's grouped_mm (2.97 ms,
+# and 12.60 for both gradients with grad_h copied into [gate | up] for it). Other shapes and GPUs
+# keep the default.
 PINGPONG_128X128 = {"tile_m": 128, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2}
-PINGPONG_128X128_CLUSTER_2X1 = {**PINGPONG_128X128, "cluster_m": 2, "cluster_n": 1}
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 MEASURED_TILES = {
     ("gated", H200, 2048, 4096): PINGPONG_128X128,
     ("dgated", H200, 2048, 4096): PINGPONG_128X128,
     ("dgated", H100, 2048, 4096): PINGPONG_128X128,
-    ("dgated", H100, 4096, 14336): PINGPONG_128X128_CLUSTER_2X1,
+    ("dgated", H100, 4096, 14336): {**PINGPONG_128X128, "cluster_m": 2, "cluster_n": 1},
+    ("down", H100, 4096, 14336): {"tile_m": 256, "tile_n": 160, "pingpong": False, "cluster_m": 2, "cluster_n": 1},
+    ("grad_x", H100, 4096, 14336): {"tile_m": 256, "tile_n": 192, "pingpong": False, "cluster_m": 1, "cluster_n": 2},
+    ("grad_w13", H100, 4096, 14336): {"tile_m": 192, "tile_n": 128, "pingpong": True, "cluster_m": 1, "cluster_n": 2},
 }
-
-
-# Expert shapes by GPU where torch's grouped_mm beats QuACK's default tiles on the backend's plain
-# GEMMs, so that only the epilogue GEMMs stay on QuACK (QuackEpilogueCalls); `foldmill bench moe
-# --sections quack-tiles` times both. On the H100 at
-# Mixtral-8x7B's experts, in CUDA graphs at 8,192 and 32,768 tokens: a @ w2 2.70 and 11.30 ms on
-# torch against 3.08 and 16.72, the gradient of x from grad_h 6.29 and 27.27 (the copy into
-# [gate | up] included) against 8.14 and 38.11, that of w13 6.65 and 23.77 against 7.07 and 34.61,
-# the same bits for w13. At bio_8x1b's experts QuACK is as fast or faster there, and the copy
-# alone (0.36 ms at 8,192 tokens) costs more than torch would save.
-TORCH_PLAIN_GEMMS = {(H100, 4096, 14336)}
-
-
-def calls_for_experts(x: torch.Tensor, hidden: int, ffn: int) -> type[TorchCalls | QuackCalls]:
-    """calls_for(x), with torch's GEMMs in place of QuACK's plain ones where measured faster."""
-    calls = calls_for(x)
-    if calls is QuackCalls and (torch.cuda.get_device_name(x.device), hidden, ffn) in TORCH_PLAIN_GEMMS:
-        return QuackEpilogueCalls
-    return calls
 
 
 @functools.cache
 def tile_config(kernel: str, device: torch.device, hidden: int, ffn: int):
-    """The measured GemmConfig of `kernel` (gated or dgated) for this GPU and expert shape, or None
-    (QuACK's default)."""
+    """The measured GemmConfig of `kernel` (a kernel of MEASURED_TILES) for this GPU and expert
+    shape, or None (QuACK's default)."""
     tiles = MEASURED_TILES.get((kernel, torch.cuda.get_device_name(device), hidden, ffn))
     if tiles is None:
         return None
@@ -257,11 +269,11 @@ def row_offsets(ends: torch.Tensor) -> torch.Tensor:
 class FusedSwiGLUExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, row_probs, w13, w2, ends, recompute: bool):
-        calls, offsets = calls_for_experts(x, w13.shape[2], w2.shape[2]), row_offsets(ends)
+        calls, offsets = calls_for(x), row_offsets(ends)
         ctx.calls, ctx.recompute, ctx.probs_dtype = calls, recompute, row_probs.dtype
         row_probs = row_probs.float().contiguous()
         h, a = calls.gated(x, w13, row_probs, offsets)
-        y = calls.linear(a, w2, offsets)
+        y = calls.down(a, w2, offsets)
         ctx.save_for_backward(x, row_probs, w13, w2, offsets, None if recompute else h)
         return y
 
@@ -272,7 +284,7 @@ class FusedSwiGLUExperts(torch.autograd.Function):
         if ctx.recompute:  # the forward's own kernel again, so h is bit for bit the forward's
             h, _ = calls.gated(x, w13, row_probs, offsets)
         grad_h, scaled_a, grad_probs = calls.dgated(grad_y, w2, h, row_probs, offsets)
-        grad_w2 = calls.wgrad(grad_y, scaled_a, offsets)
+        grad_w2 = calls.grad_w2(grad_y, scaled_a, offsets)
         grad_x, grad_w13 = calls.gated_gradients(grad_h, w13, x, offsets)
         return grad_x, grad_probs.to(ctx.probs_dtype), grad_w13, grad_w2, None, None
 
