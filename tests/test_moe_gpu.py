@@ -159,7 +159,8 @@ def test_backend_layer_matches_fp32_reference_on_gpu(backend, tolerance, fields)
                          [(6, 256, 384, 1000, False), (8, 2048, 4096, 4000, False), (6, 256, 384, 1000, True)],
                          ids=["small", "bio_8x1b experts, measured tiles", "small, every GEMM on pinned tiles"])
 def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_chose(experts, hidden, ffn, tokens,
-                                                                                    pin_every_gemm, monkeypatch):
+                                                                                    pin_every_gemm, monkeypatch,
+                                                                                    request):
     """The SwiGLU in QuACK's epilogues (h interleaved, w13 read and its gradient written as [gate;
     up]) gives the expert MLP's output and every gradient; the unchosen expert's one zero row gives
     it a zero weight gradient. At bio_8x1b's expert shape the epilogue GEMMs run with the tiles
@@ -178,6 +179,7 @@ def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_cho
         pins[("gated", gpu, hidden, ffn)] = quack_fused.PINGPONG_128X128
         monkeypatch.setattr(quack_fused, "MEASURED_TILES", pins)
         quack_fused.tile_config.cache_clear()
+        request.addfinalizer(quack_fused.tile_config.cache_clear)  # no pin outlives the test
         assert all(quack_fused.tile_config(kernel, torch.device(CUDA), hidden, ffn) is not None
                    for kernel, *_ in pins)
 
@@ -206,7 +208,6 @@ def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_cho
     want = run("loop", torch.device("cpu"), torch.float64)
     got[1], want[1] = got[1][:end], want[1][:end]
     got[2], want[2] = got[2][:end], want[2][:end]
-    quack_fused.tile_config.cache_clear()  # the pins monkeypatch takes back
     for name, g, w in zip(("y", "x", "row_probs", "w13", "w2"), got, want):
         assert relative_error(g.double().cpu(), w) < 1e-2, name
     assert not got[3][1].any() and not got[4][1].any()
