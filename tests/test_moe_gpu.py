@@ -171,12 +171,13 @@ def test_quack_experts_match_float64_with_uneven_groups_and_an_expert_nobody_cho
     from foldmill.moe.experts.routing import permute_tokens
 
     if pin_every_gemm:
-        gpu, mixtral = torch.cuda.get_device_name(), ("NVIDIA H100 80GB HBM3", 4096, 14336)
-        pins = {(kernel, gpu, hidden, ffn): quack_fused.MEASURED_TILES.get((kernel, *mixtral))
-                for kernel in ("gated", "dgated", "down", "grad_w2", "grad_x", "grad_w13")}
-        pins[("grad_w2", gpu, hidden, ffn)] = {"tile_m": 128, "tile_n": 256, "pingpong": False, "cluster_m": 2,
-                                               "cluster_n": 1}
-        pins[("gated", gpu, hidden, ffn)] = quack_fused.PINGPONG_128X128
+        mixtral = ("NVIDIA H100 80GB HBM3", 4096, 14336)
+        tiles = {kernel: quack_fused.MEASURED_TILES[(kernel, *mixtral)] for kernel in ("dgated", "down", "grad_x",
+                                                                                      "grad_w13")}
+        tiles["gated"] = quack_fused.PINGPONG_128X128
+        tiles["grad_w2"] = {"tile_m": 128, "tile_n": 256, "pingpong": False, "cluster_m": 2, "cluster_n": 1}
+        gpu = torch.cuda.get_device_name()
+        pins = {(kernel, gpu, hidden, ffn): kernel_tiles for kernel, kernel_tiles in tiles.items()}
         monkeypatch.setattr(quack_fused, "MEASURED_TILES", pins)
         quack_fused.tile_config.cache_clear()
         request.addfinalizer(quack_fused.tile_config.cache_clear)  # no pin outlives the test
