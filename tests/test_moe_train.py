@@ -170,6 +170,43 @@ def test_resume_is_bit_exact(corpus, tmp_path, backend, micro_batches, on_resume
     assert straight.optimizer.state_dict()["state"][0]["exp_avg"].equal(resumed.optimizer.state_dict()["state"][0]["exp_avg"])
 
 
+def test_rerunning_a_finished_run_keeps_its_summary_and_log(corpus, tmp_path):
+    summary = Trainer(corpus, tmp_path, SMALL).fit()
+    written = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
+    assert Trainer(corpus, tmp_path, SMALL).fit() == summary
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
+
+
+def test_a_run_stopped_before_its_summary_takes_the_last_logged_step(corpus, tmp_path):
+    summary = Trainer(corpus, tmp_path, SMALL).fit()
+    (tmp_path / "summary.json").unlink()  # stopped in the final validation, after the last checkpoint
+    again = Trainer(corpus, tmp_path, SMALL).fit()
+    for key in ("steps", "final_train_loss", "tokens_per_second_per_gpu", "mfu", "checkpoint"):
+        assert again[key] == summary[key], key
+    assert again["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-6)
+    json.loads((tmp_path / "summary.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+
+
+def test_a_run_directory_keeps_files_training_did_not_write(corpus, tmp_path):
+    (tmp_path / "summary.json").write_text('{"mine": 1}')  # a user's file of a name training writes
+    with pytest.raises(FoldmillError, match=r"holds files foldmill pretrain did not write \(e.g. summary.json\)"):
+        Trainer(corpus, tmp_path, SMALL)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["summary.json"]
+    assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
+    # files of other names may sit beside a run, which then resumes as usual
+    run = tmp_path / "run"
+    Trainer(corpus, run, SMALL).fit()
+    (run / "notes.txt").write_text("mine")
+    assert Trainer(corpus, run, dataclasses.replace(SMALL, steps=9)).fit()["steps"] == 9
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_asking_for_fewer_steps_than_a_run_holds_is_a_one_line_error(corpus, tmp_path):
+    Trainer(corpus, tmp_path, SMALL).fit()
+    with pytest.raises(FoldmillError, match="already trained to step 6, past the 3 steps asked for"):
+        Trainer(corpus, tmp_path, dataclasses.replace(SMALL, steps=3)).fit()
+
+
 def test_resume_with_half_the_micro_batch_draws_the_same_sequences(corpus, tmp_path):
     """Halving batch_size and doubling gradient_accumulation_steps, as memory_saving_settings offers
     to a run that ran out of memory: it resumes and trains on the same sequences per step."""
@@ -388,6 +425,12 @@ def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):
     assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--steps", "3",
                      "--batch-size", "2", "--seq-len", "32", "--eval-batches", "2", "--expert-backend", "loop"]) == 0
     summary = json.loads((run / "summary.json").read_text())
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert printed.startswith("step 3: train loss")
+    # the same command again finds the run finished and reports it, writing nothing
+    assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--steps", "3",
+                     "--batch-size", "2", "--seq-len", "32", "--eval-batches", "2", "--expert-backend", "loop"]) == 0
+    assert capsys.readouterr().out.strip() == printed and json.loads((run / "summary.json").read_text()) == summary
     out = tmp_path / "evaluation.json"
     assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", summary["checkpoint"],
                      "--batch-size", "2", "--max-batches", "2", "-o", str(out)]) == 0

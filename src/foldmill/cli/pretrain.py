@@ -89,7 +89,8 @@ def run_train(args: argparse.Namespace) -> int:
     launched = args.processes > 1 or args.nodes > 1
     if launched or os.environ.get("RANK", "0") != "0":  # under torchrun only the first process reports
         return 0
-    print(f"step {summary['steps']}: train loss {summary['final_train_loss']:.4f}, "
+    train_loss = summary["final_train_loss"]  # None where the run's log lost its training lines
+    print(f"step {summary['steps']}: train loss {'unknown' if train_loss is None else f'{train_loss:.4f}'}, "
           f"val loss {summary['val_loss']:.4f} (perplexity {summary['val_perplexity']:.2f}) -> {args.run_dir}")
     return 0
 

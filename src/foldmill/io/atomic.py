@@ -106,7 +106,7 @@ def read_ledger(directory: str | os.PathLike[str], command: str) -> set[str]:
     """Relative paths the command recorded writing in `directory` (empty when it never did)."""
     try:
         text = ledger_path(directory, command).read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return set()
     return {line for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -114,6 +114,14 @@ def read_ledger(directory: str | os.PathLike[str], command: str) -> set[str]:
 def _write_ledger(directory: Path, command: str, names: Iterable[str]) -> None:
     header = f"# files written here by foldmill {command}; a rerun replaces only these\n"
     write_text_atomic(ledger_path(directory, command), header + "".join(f"{name}\n" for name in sorted(names)))
+
+
+def claim(directory: str | os.PathLike[str], names: Iterable[str], command: str) -> None:
+    """List `names` (files or whole folders) in the command's ledger of `directory`, beside what it
+    already lists, creating the directory if needed: for commands that write there over time."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_ledger(directory, command, read_ledger(directory, command) | set(names))
 
 
 def foreign_files(directory: str | os.PathLike[str], command: str, names: Sequence[str] | None = None) -> list[Path]:

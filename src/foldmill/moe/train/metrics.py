@@ -87,3 +87,18 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def last_training_record(self, up_to_step: int) -> dict | None:
+        """The newest logged training step (a record with a loss) at or before `up_to_step`; a line
+        cut short by an interrupt is passed over."""
+        if not self.path.is_file():
+            return None
+        found = None
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "loss" in record and record.get("step", up_to_step + 1) <= up_to_step:
+                found = record
+        return found

@@ -1,9 +1,10 @@
 """The pretraining loop: data, model, AdamW, clipping, schedule, metrics, evaluation, exact resume.
 
 Run once per process (torchrun starts several for DDP/FSDP2). A run directory holds
-metrics.jsonl, checkpoints/step_*/ and, when training finished, summary.json. Starting again on
-the same directory resumes from the newest checkpoint and reproduces the uninterrupted run exactly
-(same batches, same optimizer state; bit for bit on CPU).
+metrics.jsonl, checkpoints/step_*/ and, when training finished, summary.json, all listed in its
+ledger (RUN_FILES). Starting again on the same directory resumes from the newest checkpoint and
+reproduces the uninterrupted run exactly (same batches, same optimizer state; bit for bit on CPU);
+on a finished run it returns the summary and writes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from foldmill.errors import CheckpointError, FoldmillError, is_out_of_memory
-from foldmill.io.atomic import write_text_atomic
+from foldmill.io.atomic import claim, read_ledger, refuse_foreign, write_text_atomic
 from foldmill.moe.config import (
     SAME_VALUES_EITHER_WAY,
     ModelConfig,
@@ -82,6 +83,20 @@ def _check_step_fits_corpus(corpus_dir: str | Path, windows: int, step_sequences
         )
 
 
+# What a run directory holds, all written by the trainer; its ledger lists them (foldmill.io.atomic).
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+COMMAND = "pretrain"
+
+
+def check_run_directory(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run directory where one of RUN_FILES exists but training
+    did not write it; files of other names are left alone. A run written before the ledger existed
+    is recognised by its checkpoint."""
+    earlier_run = not read_ledger(run_dir, COMMAND) and latest_checkpoint(run_dir / "checkpoints") is not None
+    if not earlier_run:
+        refuse_foreign(run_dir, COMMAND, RUN_FILES)
+
+
 def _with_defaults(saved: dict) -> dict:
     """A checkpoint's model configuration with the fields added since it was written at the values it
     ran with (their defaults, or BEFORE_FIELD_EXISTED)."""
@@ -100,6 +115,7 @@ class Trainer:
         self.config = config
         self.env = env or init_distributed()
         self.run_dir = Path(run_dir)
+        check_run_directory(self.run_dir)
         meta = load_meta(corpus_dir)
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
@@ -118,6 +134,8 @@ class Trainer:
             compile_dense_blocks(model)
         self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
         self.optimizer = build_optimizer(self.model, config, masters)
+        if self.env.is_main:
+            claim(self.run_dir, RUN_FILES, COMMAND)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.env.is_main)
         self.peaks = run_peaks(self.env.device, config.peak_tflops)
         self.step = 0
@@ -190,6 +208,23 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         return cross_entropy.detach(), grad_norm.detach(), load
 
+    def _finished_summary(self) -> dict | None:
+        """summary.json of this run when it already holds the final step and its checkpoint, on every
+        process alike (a process that cannot read it makes all of them finish the run again)."""
+        path = self.run_dir / "summary.json"
+        latest = latest_checkpoint(self.checkpoint_root)
+        summary = None
+        if self.step == self.config.steps and latest is not None and path.is_file():
+            try:
+                summary = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                summary = None
+            if not (isinstance(summary, dict) and summary.get("steps") == self.step
+                    and Path(str(summary.get("checkpoint"))).name == latest.name):
+                summary = None
+        everywhere = all_reduce_sum(torch.tensor([float(summary is not None)], device=self.env.device))
+        return summary if int(everywhere.item()) == self.env.world_size else None
+
     def describe(self) -> str:
         """What this run trains and how, in one line (logged as it starts)."""
         config, env = self.config, self.env
@@ -205,13 +240,22 @@ class Trainer:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
         config, env = self.config, self.env
         self.resume()
+        if self.step > config.steps:
+            raise FoldmillError(f"{self.run_dir}: already trained to step {self.step}, past the {config.steps} steps "
+                                "asked for; ask for more steps to continue it, or use a new run directory")
+        finished = self._finished_summary()
+        if finished is not None:
+            if env.is_main:
+                log.info("%s: finished at step %d; summary.json kept", self.run_dir, self.step)
+            return finished
         if env.is_main:
             log.info(self.describe())
         tokens_per_step = config.batch_size * config.gradient_accumulation_steps * config.seq_len
         window_losses: list[torch.Tensor] = []
-        # Until the first log line: no rate, no MFU.
+        # Until the first log line of this process: what the run logged last, if it runs no step here.
         utilization = mfu_columns(0.0, self.model_config, config.seq_len, {})
-        last = {"tokens_per_second_per_gpu": float("nan"), **utilization}
+        last = self.metrics.last_training_record(self.step) or {"tokens_per_second_per_gpu": None}
+        utilization = {column: last.get(column) for column in utilization}
         _synchronize(env.device)
         started, steps_in_window = time.perf_counter(), 0
         while self.step < config.steps:
