@@ -68,6 +68,44 @@ def test_prepare_corpus_without_usable_records_is_one_clear_error(tmp_path):
         prepare_corpus([bad], tmp_path / "c", alphabet="rna")
 
 
+def test_prepare_corpus_replaces_only_a_corpus_it_wrote(tmp_path, data_dir):
+    proteome = data_dir / "proteomes/yeast_chr1.fasta"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "meta.json").write_text("my notes\n")
+    with pytest.raises(FoldmillError, match=r"mine: holds files foldmill prepare-corpus did not write "
+                                            r"\(e.g. meta.json\); nothing was written"):
+        prepare_corpus([proteome], mine)
+    assert [path.name for path in mine.iterdir()] == ["meta.json"]
+    assert (mine / "meta.json").read_text() == "my notes\n"
+    # a rerun replaces its own corpus as a whole: no shard of the larger earlier corpus stays behind
+    corpus = tmp_path / "c"
+    prepare_corpus([proteome], corpus, val_fraction=0.1, shard_tokens=10000)
+    meta = prepare_corpus([proteome], corpus, val_fraction=0.1, shard_tokens=100000)
+    shards = [name for split in meta["splits"].values() for name in split["shards"]]
+    assert sorted(path.name for path in corpus.iterdir()) == sorted(
+        [".foldmill-prepare-corpus", "meta.json", "rejects.tsv", *shards])
+    # a failed rerun keeps the corpus there
+    bad = tmp_path / "bad.fasta"
+    bad.write_text(">x\n1234\n")
+    with pytest.raises(InputError):
+        prepare_corpus([bad], corpus)
+    assert json.loads((corpus / "meta.json").read_text()) == meta
+
+
+def test_prepare_corpus_replaces_a_corpus_written_before_its_ledger(tmp_path, data_dir):
+    proteome = data_dir / "proteomes/yeast_chr1.fasta"
+    corpus = tmp_path / "c"
+    prepare_corpus([proteome], corpus, val_fraction=0.1, shard_tokens=10000)
+    (corpus / ".foldmill-prepare-corpus").unlink()
+    assert prepare_corpus([proteome], corpus, val_fraction=0.2)["val_fraction"] == 0.2
+    (corpus / ".foldmill-prepare-corpus").unlink()
+    (corpus / "notes.txt").write_text("mine\n")  # not a corpus file: the directory is not one of ours
+    with pytest.raises(FoldmillError, match="did not write"):
+        prepare_corpus([proteome], corpus)
+    assert (corpus / "notes.txt").read_text() == "mine\n"
+
+
 def test_windows_and_sampler_resume_exactly(tmp_path, data_dir):
     prepare_corpus([data_dir / "proteomes/yeast_chr1.fasta"], tmp_path, shard_tokens=8000)
     windows = PackedWindows(tmp_path, "train", 64)

@@ -435,6 +435,14 @@ def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):
     assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", summary["checkpoint"],
                      "--batch-size", "2", "--max-batches", "2", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["val_loss"] == pytest.approx(summary["val_loss"], rel=1e-6)
+    # -o replaces its own earlier result, never a file it did not write
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    for target, code in ((out, 0), (mine, 2)):
+        assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", summary["checkpoint"],
+                         "--batch-size", "2", "--max-batches", "2", "-o", str(target)]) == code
+    assert mine.read_text() == "{}"
+    assert "holds files foldmill evaluate did not write (e.g. mine.json)" in capsys.readouterr().err
     assert evaluate_checkpoint(corpus, summary["checkpoint"], 2, 2)["expert_backend"] == "loop"
     capsys.readouterr()
     assert cli_main(["pretrain", "train", "--corpus", str(tmp_path / "missing"), "--run-dir", str(run)]) == 2

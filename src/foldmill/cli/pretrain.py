@@ -15,7 +15,7 @@ import json
 import os
 import typing
 
-from foldmill.io.atomic import write_text_atomic
+from foldmill.io.atomic import owned_files
 from foldmill.moe.config import TrainConfig
 
 
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--checkpoint", required=True, help="a checkpoints/step_* directory")
     evaluate.add_argument("--batch-size", type=int, default=8)
     evaluate.add_argument("--max-batches", type=int, default=0, help="0 = the whole validation split")
-    evaluate.add_argument("-o", "--out", help="write the result as JSON here")
+    evaluate.add_argument("-o", "--out", help="write the result as JSON here (a new file, or one it wrote before)")
     evaluate.set_defaults(handler=run_evaluate)
 
 
@@ -100,7 +100,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     result = evaluate_checkpoint(args.corpus, args.checkpoint, args.batch_size, args.max_batches)
     text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        write_text_atomic(args.out, text)
+    if args.out:  # replaces only a file this command wrote (the ledger beside it)
+        with owned_files([args.out], "evaluate", exclusive=False) as (temporary,):
+            temporary.write_text(text, encoding="utf-8")
     print(text, end="")
     return 0

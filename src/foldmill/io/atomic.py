@@ -160,9 +160,10 @@ def refuse_foreign(directory: str | os.PathLike[str], command: str, names: Seque
     if found == [directory]:
         raise ForeignFilesError(f"{directory}: exists and is not a directory; foldmill {command} wrote nothing")
     more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    remedy = "give a new or empty directory" if names is None else "move it, or give another path"
     raise ForeignFilesError(
         f"{directory}: holds files foldmill {command} did not write (e.g. {found[0].relative_to(directory)}{more}); "
-        "nothing was written: give a new or empty directory"
+        f"nothing was written: {remedy}"
     )
 
 

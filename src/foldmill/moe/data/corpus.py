@@ -7,6 +7,11 @@ Layout of a corpus directory:
   rejects.tsv          records that could not be tokenized (source, record, problem)
 A record goes to validation when the hash of its id falls below `val_fraction`, so the split does
 not depend on file order and a record never moves between splits when more data is added.
+
+The directory is written as a whole and replaces an earlier corpus only (its ledger; a corpus
+written before the ledger existed is recognised by its meta.json and file names): a directory
+holding anything else is refused before anything is written, and an interrupted run keeps the
+earlier corpus.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from foldmill.errors import FoldmillError, InputError
-from foldmill.io.atomic import atomic_path, write_text_atomic
+from foldmill.io.atomic import claim, owned_directory, read_ledger, write_text_atomic
 from foldmill.moe.data.fasta import iter_fasta
 from foldmill.moe.data.tokenizers import TOKENIZERS
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val")
+FORMAT = "foldmill-moe-corpus/1"
+COMMAND = "prepare-corpus"  # the owner named in the corpus directory's ledger
+CORPUS_FILE = re.compile(r"(meta\.json|rejects\.tsv|(train|val)_\d{5}\.npy)")
 
 
 def record_rank(record: str) -> float:
@@ -67,9 +76,8 @@ class _ShardWriter:
 
     def _write(self, stream: np.ndarray) -> None:
         name = f"{self.split}_{len(self.shards):05d}.npy"
-        with atomic_path(self.out_dir / name) as temporary:
-            with open(temporary, "wb") as handle:
-                np.save(handle, stream, allow_pickle=False)
+        with open(self.out_dir / name, "wb") as handle:  # a staging directory (prepare_corpus)
+            np.save(handle, stream, allow_pickle=False)
         self.shards.append(name)
         self.tokens += stream.size
 
@@ -87,9 +95,33 @@ def prepare_corpus(
         raise FoldmillError(f"unknown alphabet {alphabet!r}; choose one of {', '.join(TOKENIZERS)}")
     if not 0.0 <= val_fraction < 1.0:
         raise FoldmillError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    tokenizer = TOKENIZERS[alphabet]
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _list_earlier_corpus(out_dir)
+    with owned_directory(out_dir, COMMAND) as staging:
+        meta, records = _write_corpus(fasta_paths, staging, alphabet, val_fraction, shard_tokens, min_length)
+    log.info("corpus %s: %d train / %d val records (%d / %d tokens), %d rejected", out_dir, records["train"],
+             records["val"], meta["splits"]["train"]["tokens"], meta["splits"]["val"]["tokens"],
+             meta["rejected_records"])
+    return meta
+
+
+def _list_earlier_corpus(out_dir: Path) -> None:
+    """Put a corpus written before the ledger existed in the ledger, so that a rerun may replace it."""
+    if read_ledger(out_dir, COMMAND) or not (out_dir / "meta.json").is_file():
+        return
+    try:
+        meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    names = [path.name for path in out_dir.iterdir()]
+    if isinstance(meta, dict) and meta.get("format") == FORMAT and all(CORPUS_FILE.fullmatch(n) for n in names):
+        claim(out_dir, names, COMMAND)
+
+
+def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: str, val_fraction: float,
+                  shard_tokens: int, min_length: int) -> tuple[dict, dict[str, int]]:
+    """The corpus files in `out_dir`: (meta.json's contents, records per split)."""
+    tokenizer = TOKENIZERS[alphabet]
     writers = {split: _ShardWriter(out_dir, split, shard_tokens) for split in SPLITS}
     rejects: list[tuple[str, str, str]] = []
     # The record that would go to validation first, kept back so validation is never empty.
@@ -123,7 +155,7 @@ def prepare_corpus(
     rejects_text = "source\trecord\tproblem\n" + "".join(f"{s}\t{r}\t{p}\n" for s, r, p in rejects)
     write_text_atomic(out_dir / "rejects.tsv", rejects_text)
     meta = {
-        "format": "foldmill-moe-corpus/1",
+        "format": FORMAT,
         "tokenizer": alphabet,
         "vocab_size": tokenizer.vocab_size,
         "val_fraction": val_fraction,
@@ -131,12 +163,7 @@ def prepare_corpus(
         "splits": {s: {"shards": w.shards, "tokens": w.tokens, "records": w.records} for s, w in writers.items()},
     }
     write_text_atomic(out_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
-    log.info(
-        "corpus %s: %d train / %d val records (%d / %d tokens), %d rejected",
-        out_dir, writers["train"].records, writers["val"].records, writers["train"].tokens,
-        writers["val"].tokens, len(rejects),
-    )
-    return meta
+    return meta, {split: writer.records for split, writer in writers.items()}
 
 
 def load_meta(corpus_dir: str | Path) -> dict:
@@ -145,6 +172,6 @@ def load_meta(corpus_dir: str | Path) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise FoldmillError(f"{path}: not a prepared corpus ({error}); run `foldmill pretrain prepare-corpus`") from None
-    if meta.get("format") != "foldmill-moe-corpus/1":
+    if meta.get("format") != FORMAT:
         raise FoldmillError(f"{path}: unknown corpus format {meta.get('format')!r}")
     return meta
