@@ -122,7 +122,7 @@ def test_plot_draws_one_curve_per_backend_and_panel(parity_run: tuple[Path, dict
 
 def test_corpus_is_deduplicated_degapped_and_split_by_sequence(parity_run: tuple[Path, dict]) -> None:
     out, payload = parity_run
-    fasta = (out / "corpus/sequences.fasta").read_text().split("\n")
+    fasta = (out / "sequences.fasta").read_text().split("\n")
     sequences = fasta[1::2]
     assert sequences and len(set(sequences)) == len(sequences) == payload["corpus"]["unique_sequences"]
     assert all(s.isalpha() and s.isupper() for s in sequences)

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from foldmill import kernels
 from foldmill.bench._inputs import get_features, parse_inputs
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.fastpath.runner import FastBoltz2, FastPathOptions
 from foldmill.io.atomic import write_text_atomic
@@ -111,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--time-budget", type=float, default=0.0, help="seconds; later measurements are skipped (0 = none)"
     )
     parser.add_argument("--out", default="results/bench/forward", help="output directory")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 # Timing

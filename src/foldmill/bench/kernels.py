@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sizes", default="128,256,384,512,768,1024", help="token counts")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default="results/bench/kernels", help="output directory")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 def run(args: argparse.Namespace) -> int:

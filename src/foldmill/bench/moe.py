@@ -50,6 +50,7 @@ import torch
 
 from foldmill.bench._attention import packed_records
 from foldmill.bench._moe_kernels import check_kernel_tokens, kernel_cases, kernel_shape
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import EIGHT_BIT_BACKENDS, ModelConfig, model_config
@@ -86,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated expert backends (default: grouped,fp8_rowwise,mxfp8, and quack where "
                              "QuACK is installed)")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 def _clear_cublas_workspaces() -> None:

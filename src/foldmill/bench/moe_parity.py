@@ -14,7 +14,7 @@ never in both splits.
 Writes to --out: parity.json (per seed and backend: per-step training losses and validation
 losses; per backend: the curves averaged over seeds, final validation losses and their relative
 differences from the reference), parity.md (the table), parity.svg (the seed-averaged curves;
-parity.png as well where matplotlib imports) and corpus/.
+parity.png as well where matplotlib imports), sequences.fasta and corpus/.
 
     python -m foldmill.bench.moe_parity --config config/moe/parity.yaml   # without the full CLI
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError, InputError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import TrainConfig
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backends", default="", help="override the configured backends (comma-separated)")
     parser.add_argument("--seeds", default="", help="override the configured seeds (comma-separated)")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 # ---------------------------------------------------------------- configuration
@@ -184,16 +185,16 @@ def gather_sequences(sources: list[str]) -> tuple[list[tuple[str, str, str]], di
 
 
 def build_corpus(config: dict, out: Path) -> dict:
-    """corpus/ under out: sequences.fasta (the unique sequences) and the packed, split corpus."""
+    """Under out: sequences.fasta (the unique sequences) and corpus/, the packed, split corpus."""
     from foldmill.moe.data.corpus import prepare_corpus
 
     sources = [str(s) for s in config["corpus"]["sources"]]
     unique, counts = gather_sequences(sources)
     corpus_dir = out / "corpus"
-    corpus_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     fasta = "".join(f">{identifier} {origin}\n{sequence}\n" for identifier, origin, sequence in unique)
-    write_text_atomic(corpus_dir / "sequences.fasta", fasta)
-    meta = prepare_corpus([corpus_dir / "sequences.fasta"], corpus_dir,
+    write_text_atomic(out / "sequences.fasta", fasta)
+    meta = prepare_corpus([out / "sequences.fasta"], corpus_dir,
                           val_fraction=float(config["corpus"].get("val_fraction", 0.1)))
     return {"dir": str(corpus_dir), "sources": counts, "unique_sequences": len(unique),
             "residues": sum(len(s) for _, _, s in unique), "splits": meta["splits"],

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
 from foldmill.msa import colabfold
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--colabfold", default=".venv/colabfold-oracle", help="folder holding the colabfold package")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/bench/msa")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 def read_fasta(path: Path) -> dict[str, str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.bench._synthetic import random_protein
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import write_text_atomic
@@ -50,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cores", type=int, default=2, help="cores for building the worklist and shards (untimed)")
     parser.add_argument("--work-dir", help="where the runs go (default: a temporary directory, removed)")
     parser.add_argument("--out", default="results/bench/planning")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 def _cpu_seconds_of_children() -> float:

@@ -26,6 +26,7 @@ import torch
 from foldmill import kernels
 from foldmill.bench._inputs import get_features, parse_inputs
 from foldmill.bench._kernel_table import relative_error as kernel_relative_error
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.fastpath.cuda_graphs import GraphedCall
 from foldmill.fastpath.padding import pad_token_features
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", action="store_true", help="write the restructured call's kernel table per input")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/bench/score", help="output directory")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 def milliseconds(call: Callable[[], Any], repeats: int) -> float:

@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from foldmill.bench._out_dir import writes_only_its_own
 from foldmill.errors import FoldmillError
 from foldmill.executor.cluster import ray_session, start_pools, stop_pools
 from foldmill.executor.engine import DEMO_WEIGHTS_SEED, Engine, Staging
@@ -135,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batching", action="store_true", help="only measure batched vs one-by-one forwards")
     parser.add_argument("--batch-lengths", default="128,256,384", help="target lengths (tokens) for --batching")
     parser.add_argument("--batch-size", type=int, default=4, help="targets per batch for --batching")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=writes_only_its_own(run))
 
 
 # -- the fixed worklist ------------------------------------------------------------------------

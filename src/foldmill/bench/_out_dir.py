@@ -1,0 +1,70 @@
+"""A benchmark's --out directory holds only what benchmarks wrote.
+
+Before a benchmark runs, a directory holding files no benchmark wrote (a user's, another
+command's) is refused in one line; after it, what it left there is listed in the directory's
+ledger `.foldmill-bench` (foldmill.io.atomic), so a rerun with the same --out replaces its own
+files, and `throughput --side oss` adds its row beside `--side foldmill`'s. A benchmark stopped by
+SIGTERM (a Slurm time limit) lists its files too; one killed outright leaves them unlisted, and its
+rerun asks for the directory to be emptied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from foldmill.io.atomic import LEDGER_PREFIX, claim, read_ledger, refuse_foreign
+
+COMMAND = "bench"
+# The reports benchmarks wrote before the ledger existed: a directory holding one of them, and no
+# ledger of any command, is taken as a benchmark's.
+EARLIER_REPORT = re.compile(
+    r"(forward|moe|msa|score)_bench\.json|parity\.json|planning\.tsv|throughput\.md|crossover_\w+\.json"
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def writes_only_its_own(handler: Handler) -> Handler:
+    """`handler`, run only where its --out directory holds nothing but benchmarks' files."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        out = getattr(args, "out", None)
+        if out is None:
+            return handler(args)
+        out = Path(out)
+        _list_earlier_outputs(out)
+        refuse_foreign(out, COMMAND)
+        # Where SIGTERM would end the process on the spot, end it through the `finally` below instead.
+        stops_on_the_spot = (threading.current_thread() is threading.main_thread()
+                             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        if stops_on_the_spot:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            return handler(args)
+        finally:
+            if stops_on_the_spot:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            left = [path.name for path in out.iterdir() if not path.name.startswith(".")] if out.is_dir() else []
+            if left:
+                claim(out, left, COMMAND)
+
+    return run
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _list_earlier_outputs(out: Path) -> None:
+    if not out.is_dir() or read_ledger(out, COMMAND):
+        return
+    names = [path.name for path in out.iterdir()]
+    if any(EARLIER_REPORT.fullmatch(name) for name in names) and not any(n.startswith(LEDGER_PREFIX) for n in names):
+        claim(out, [name for name in names if not name.startswith(".")], COMMAND)
