@@ -423,3 +423,17 @@ def test_ep2_on_two_gpus_equals_one_gpu(tmp_path):
     run_processes(2, two_gpu_job, tmp_path)
     for case in GPU_CASES:
         check_against_one_process(tmp_path, case, 2, device="cuda", precision="bf16-mixed")
+
+
+def test_the_ep_benchmark_keeps_a_result_file_it_did_not_write(tmp_path):
+    mine = tmp_path / "ep_bench_1gpu_ep1.json"
+    mine.write_text("mine\n")
+    args = ["--model", "tiny", "--expert-backend", "grouped", "--precision", "fp32", "--seq-len", "32", "--warmup", "1",
+            "--steps", "1", "--out", str(tmp_path)]
+    with pytest.raises(FoldmillError, match=r"holds files foldmill ep-bench did not write \(e.g. ep_bench_1gpu_ep1"):
+        benchmark_main(args)
+    assert mine.read_text() == "mine\n"
+    mine.unlink()
+    benchmark_main(args)  # then its own result, twice
+    benchmark_main(args)
+    assert json.loads(mine.read_text())["world_size"] == 1

@@ -11,7 +11,8 @@ MFU; then steps in which every all-to-all is bracketed by device synchronization
 spent in the token exchange (its waits for the slowest rank included: that time is exposed, as
 the experts cannot start before their tokens arrive). Rank 0 prints its numbers and writes
 ep_bench_<world>gpu_ep<ep>.json to --out. Scaling efficiency = tokens/s/GPU here divided by
-tokens/s/GPU of the same command with --nproc-per-node=1 --expert-parallel 1.
+tokens/s/GPU of the same command with --nproc-per-node=1 --expert-parallel 1. A file of that name
+that this benchmark did not write (its ledger `.foldmill-ep-bench`) stops it before it runs.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from foldmill.io.atomic import write_text_atomic
+from foldmill.errors import FoldmillError
+from foldmill.io.atomic import owned_files, refuse_foreign
 from foldmill.moe.config import TrainConfig
 from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel import expert_parallel
@@ -37,6 +40,8 @@ from foldmill.moe.train.metrics import mfu_columns, run_peaks
 from foldmill.moe.train.optim import build_optimizer
 from foldmill.moe.train.precision import prepare_parameters
 from foldmill.moe.train.trainer import build_model_config
+
+COMMAND = "ep-bench"  # the owner named in the --out directory's ledger
 
 
 def _synchronize(device: torch.device) -> None:
@@ -133,15 +138,20 @@ def main(argv: list[str] | None = None) -> None:
                          parallel=args.parallel, precision=args.precision, batch_size=args.batch_size,
                          seq_len=args.seq_len, peak_tflops=args.peak_tflops)
     env = init_distributed()
+    path = Path(args.out) / f"ep_bench_{env.world_size}gpu_ep{args.expert_parallel}.json"
+    refuse_foreign(path.parent, COMMAND, [path.name])  # before the run, on every process alike
     result = benchmark(config, args.vocab_size, args.warmup, args.steps, env)
     if env.is_main:
-        path = Path(args.out) / f"ep_bench_{env.world_size}gpu_ep{args.expert_parallel}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(result, indent=2) + "\n")
+        with owned_files([path], COMMAND, exclusive=False) as (temporary,):
+            temporary.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(json.dumps(result))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FoldmillError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
