@@ -98,10 +98,10 @@ def prepare_corpus(
     out_dir = Path(out_dir)
     _list_earlier_corpus(out_dir)
     with owned_directory(out_dir, COMMAND) as staging:
-        meta, records = _write_corpus(fasta_paths, staging, alphabet, val_fraction, shard_tokens, min_length)
-    log.info("corpus %s: %d train / %d val records (%d / %d tokens), %d rejected", out_dir, records["train"],
-             records["val"], meta["splits"]["train"]["tokens"], meta["splits"]["val"]["tokens"],
-             meta["rejected_records"])
+        meta = _write_corpus(fasta_paths, staging, alphabet, val_fraction, shard_tokens, min_length)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    log.info("corpus %s: %d train / %d val records (%d / %d tokens), %d rejected", out_dir, train["records"],
+             val["records"], train["tokens"], val["tokens"], meta["rejected_records"])
     return meta
 
 
@@ -119,8 +119,8 @@ def _list_earlier_corpus(out_dir: Path) -> None:
 
 
 def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: str, val_fraction: float,
-                  shard_tokens: int, min_length: int) -> tuple[dict, dict[str, int]]:
-    """The corpus files in `out_dir`: (meta.json's contents, records per split)."""
+                  shard_tokens: int, min_length: int) -> dict:
+    """The corpus files in `out_dir`; returns meta.json's contents."""
     tokenizer = TOKENIZERS[alphabet]
     writers = {split: _ShardWriter(out_dir, split, shard_tokens) for split in SPLITS}
     rejects: list[tuple[str, str, str]] = []
@@ -163,7 +163,7 @@ def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: st
         "splits": {s: {"shards": w.shards, "tokens": w.tokens, "records": w.records} for s, w in writers.items()},
     }
     write_text_atomic(out_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
-    return meta, {split: writer.records for split, writer in writers.items()}
+    return meta
 
 
 def load_meta(corpus_dir: str | Path) -> dict:
