@@ -82,6 +82,16 @@ class MetricsLog:
         self.enabled = enabled
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._end_a_line_cut_short()
+
+    def _end_a_line_cut_short(self) -> None:
+        """After an interrupt mid-write, start the resumed run's records on a line of their own."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as handle:
+            handle.seek(-1, 2)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
 
     def write(self, record: dict) -> None:
         if self.enabled:
