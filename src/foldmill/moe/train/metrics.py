@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from foldmill.io.atomic import write_text_atomic
 from foldmill.moe.config import ModelConfig
 from foldmill.moe.experts import GEMM_PRECISION
 from foldmill.moe.model.attention import attended_pairs
@@ -75,40 +76,44 @@ def mfu_columns(tokens_per_second: float, config: ModelConfig, seq_len: int, pea
 
 
 class MetricsLog:
-    """Appends one JSON object per line (a resumed run continues the same file)."""
+    """Appends one JSON object per line; a resumed run continues the same file from its step."""
 
     def __init__(self, path: str | Path, enabled: bool = True) -> None:
         self.path = Path(path)
         self.enabled = enabled
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._end_a_line_cut_short()
-
-    def _end_a_line_cut_short(self) -> None:
-        """After an interrupt mid-write, start the resumed run's records on a line of their own."""
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            return
-        with open(self.path, "rb+") as handle:
-            handle.seek(-1, 2)
-            if handle.read(1) != b"\n":
-                handle.write(b"\n")
 
     def write(self, record: dict) -> None:
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def last_training_record(self, up_to_step: int) -> dict | None:
-        """The newest logged training step (a record with a loss) at or before `up_to_step`; a line
-        cut short by an interrupt is passed over."""
+    def records(self) -> list[dict]:
+        """The logged records; a line cut short by an interrupt is passed over."""
         if not self.path.is_file():
-            return None
-        found = None
+            return []
+        found = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and "loss" in record and record.get("step", up_to_step + 1) <= up_to_step:
-                found = record
+            if isinstance(record, dict):
+                found.append(record)
         return found
+
+    def keep_up_to(self, step: int) -> None:
+        """Drop what a stopped run logged after `step`, the step it resumes from, and any line cut
+        short: the resumed run logs those steps again, so the file reads as one uninterrupted run."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [record for record in self.records() if record.get("step", 0) <= step]
+        text = "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept)
+        if text != self.path.read_text(encoding="utf-8"):
+            write_text_atomic(self.path, text)
+
+    def last_training_record(self, up_to_step: int) -> dict | None:
+        """The newest logged training step (a record with a loss) at or before `up_to_step`."""
+        found = [record for record in self.records() if "loss" in record and record.get("step", 0) <= up_to_step]
+        return found[-1] if found else None

@@ -240,6 +240,7 @@ class Trainer:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
         config, env = self.config, self.env
         self.resume()
+        self.metrics.keep_up_to(self.step)
         if self.step > config.steps:
             raise FoldmillError(f"{self.run_dir}: already trained to step {self.step}, past the {config.steps} steps "
                                 "asked for; ask for more steps to continue it, or use a new run directory")
