@@ -89,31 +89,22 @@ class MetricsLog:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def records(self) -> list[dict]:
-        """The logged records; a line cut short by an interrupt is passed over."""
+    def keep_up_to(self, step: int) -> list[dict]:
+        """The records logged up to `step`, the step a run resumes from. The main process also drops
+        from the file what a stopped run logged after it, and any line cut short: the resumed run
+        logs those steps again, so the file reads as one uninterrupted run."""
         if not self.path.is_file():
             return []
-        found = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        text = self.path.read_text(encoding="utf-8")
+        kept = []
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict):
-                found.append(record)
-        return found
-
-    def keep_up_to(self, step: int) -> None:
-        """Drop what a stopped run logged after `step`, the step it resumes from, and any line cut
-        short: the resumed run logs those steps again, so the file reads as one uninterrupted run."""
-        if not self.enabled or not self.path.is_file():
-            return
-        kept = [record for record in self.records() if record.get("step", 0) <= step]
-        text = "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept)
-        if text != self.path.read_text(encoding="utf-8"):
-            write_text_atomic(self.path, text)
-
-    def last_training_record(self, up_to_step: int) -> dict | None:
-        """The newest logged training step (a record with a loss) at or before `up_to_step`."""
-        found = [record for record in self.records() if "loss" in record and record.get("step", 0) <= up_to_step]
-        return found[-1] if found else None
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(record)
+        kept_text = "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept)
+        if self.enabled and kept_text != text:
+            write_text_atomic(self.path, kept_text)
+        return kept

@@ -240,7 +240,7 @@ class Trainer:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
         config, env = self.config, self.env
         self.resume()
-        self.metrics.keep_up_to(self.step)
+        logged = self.metrics.keep_up_to(self.step)
         if self.step > config.steps:
             raise FoldmillError(f"{self.run_dir}: already trained to step {self.step}, past the {config.steps} steps "
                                 "asked for; ask for more steps to continue it, or use a new run directory")
@@ -255,7 +255,7 @@ class Trainer:
         window_losses: list[torch.Tensor] = []
         # Until the first log line of this process: what the run logged last, if it runs no step here.
         utilization = mfu_columns(0.0, self.model_config, config.seq_len, {})
-        last = self.metrics.last_training_record(self.step) or {"tokens_per_second_per_gpu": None}
+        last = next((record for record in reversed(logged) if "loss" in record), {"tokens_per_second_per_gpu": None})
         utilization = {column: last.get(column) for column in utilization}
         _synchronize(env.device)
         started, steps_in_window = time.perf_counter(), 0
