@@ -199,6 +199,11 @@ def test_a_run_directory_keeps_files_training_did_not_write(corpus, tmp_path):
     (run / "notes.txt").write_text("mine")
     assert Trainer(corpus, run, dataclasses.replace(SMALL, steps=9)).fit()["steps"] == 9
     assert (run / "notes.txt").read_text() == "mine"
+    # a run directory that is a file
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(FoldmillError, match="a_file: exists and is not a directory; foldmill pretrain wrote nothing"):
+        Trainer(corpus, tmp_path / "a_file", SMALL)
+    assert (tmp_path / "a_file").read_text() == "mine"
 
 
 def test_a_resumed_run_logs_as_one_uninterrupted_run(corpus, tmp_path):
