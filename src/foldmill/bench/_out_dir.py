@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from foldmill.io.atomic import LEDGER_PREFIX, claim, read_ledger, refuse_foreign
+from foldmill.io.atomic import LEDGER_PREFIX, adopt_earlier, claim, refuse_foreign
 
 COMMAND = "bench"
 # The reports benchmarks wrote before the ledger existed: a directory holding one of them, and no
@@ -39,7 +39,7 @@ def writes_only_its_own(handler: Handler) -> Handler:
         if out is None:
             return handler(args)
         out = Path(out)
-        _list_earlier_outputs(out)
+        adopt_earlier(out, COMMAND, _is_earlier_output)
         refuse_foreign(out, COMMAND)
         # Where SIGTERM would end the process on the spot, end it through the `finally` below instead.
         stops_on_the_spot = (threading.current_thread() is threading.main_thread()
@@ -62,9 +62,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _list_earlier_outputs(out: Path) -> None:
-    if not out.is_dir() or read_ledger(out, COMMAND):
-        return
-    names = [path.name for path in out.iterdir()]
-    if any(EARLIER_REPORT.fullmatch(name) for name in names) and not any(n.startswith(LEDGER_PREFIX) for n in names):
-        claim(out, [name for name in names if not name.startswith(".")], COMMAND)
+def _is_earlier_output(out: Path, entries: list[str]) -> bool:
+    """Whether `out` holds a benchmark's report and no command's ledger: written before ledgers existed."""
+    return (any(EARLIER_REPORT.fullmatch(name) for name in entries)
+            and not any(path.name.startswith(LEDGER_PREFIX) for path in out.iterdir()))

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -122,6 +122,21 @@ def claim(directory: str | os.PathLike[str], names: Iterable[str], command: str)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _write_ledger(directory, command, read_ledger(directory, command) | set(names))
+
+
+def adopt_earlier(directory: str | os.PathLike[str], command: str,
+                  written_by_it: Callable[[Path, list[str]], bool], names: Sequence[str] | None = None) -> None:
+    """List in the command's ledger what it wrote in `directory` before it kept one, so that a rerun
+    may replace it: the visible entries (those among `names`, where given) of a directory that has
+    no ledger of this command, when `written_by_it(directory, entries)` knows them as its output."""
+    directory = Path(directory)
+    if not directory.is_dir() or read_ledger(directory, command):
+        return
+    entries = sorted(path.name for path in directory.iterdir() if not path.name.startswith("."))
+    if names is not None:
+        entries = [name for name in entries if name in names]
+    if entries and written_by_it(directory, entries):
+        claim(directory, entries, command)
 
 
 def foreign_files(directory: str | os.PathLike[str], command: str, names: Sequence[str] | None = None) -> list[Path]:

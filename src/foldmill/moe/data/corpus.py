@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from foldmill.errors import FoldmillError, InputError
-from foldmill.io.atomic import claim, owned_directory, read_ledger, write_text_atomic
+from foldmill.io.atomic import adopt_earlier, owned_directory, write_text_atomic
 from foldmill.moe.data.fasta import iter_fasta
 from foldmill.moe.data.tokenizers import TOKENIZERS
 
@@ -96,7 +96,7 @@ def prepare_corpus(
     if not 0.0 <= val_fraction < 1.0:
         raise FoldmillError(f"val_fraction must be in [0, 1), got {val_fraction}")
     out_dir = Path(out_dir)
-    _list_earlier_corpus(out_dir)
+    adopt_earlier(out_dir, COMMAND, _is_earlier_corpus)
     with owned_directory(out_dir, COMMAND) as staging:
         meta = _write_corpus(fasta_paths, staging, alphabet, val_fraction, shard_tokens, min_length)
     train, val = meta["splits"]["train"], meta["splits"]["val"]
@@ -105,17 +105,13 @@ def prepare_corpus(
     return meta
 
 
-def _list_earlier_corpus(out_dir: Path) -> None:
-    """Put a corpus written before the ledger existed in the ledger, so that a rerun may replace it."""
-    if read_ledger(out_dir, COMMAND) or not (out_dir / "meta.json").is_file():
-        return
+def _is_earlier_corpus(out_dir: Path, entries: list[str]) -> bool:
+    """Whether `out_dir`, without a ledger, holds a corpus this command wrote before it kept one."""
     try:
         meta = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return
-    names = [path.name for path in out_dir.iterdir()]
-    if isinstance(meta, dict) and meta.get("format") == FORMAT and all(CORPUS_FILE.fullmatch(n) for n in names):
-        claim(out_dir, names, COMMAND)
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT and all(CORPUS_FILE.fullmatch(n) for n in entries)
 
 
 def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: str, val_fraction: float,

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from foldmill.errors import CheckpointError, FoldmillError, is_out_of_memory
-from foldmill.io.atomic import claim, read_ledger, refuse_foreign, write_text_atomic
+from foldmill.io.atomic import adopt_earlier, claim, refuse_foreign, write_text_atomic
 from foldmill.moe.config import (
     SAME_VALUES_EITHER_WAY,
     ModelConfig,
@@ -92,9 +92,9 @@ def check_run_directory(run_dir: Path) -> None:
     """Refuse, before anything is written, a run directory where one of RUN_FILES exists but training
     did not write it; files of other names are left alone. A run written before the ledger existed
     is recognised by its checkpoint."""
-    earlier_run = not read_ledger(run_dir, COMMAND) and latest_checkpoint(run_dir / "checkpoints") is not None
-    if not earlier_run:
-        refuse_foreign(run_dir, COMMAND, RUN_FILES)
+    adopt_earlier(run_dir, COMMAND, lambda directory, _: latest_checkpoint(directory / "checkpoints") is not None,
+                  RUN_FILES)
+    refuse_foreign(run_dir, COMMAND, RUN_FILES)
 
 
 def _with_defaults(saved: dict) -> dict:
