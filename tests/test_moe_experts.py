@@ -8,6 +8,8 @@ output goes through two quantized GEMMs (each quantizing both operands), so ~3-6
 from __future__ import annotations
 
 import dataclasses
+import re
+import sys
 
 import pytest
 import torch
@@ -332,6 +334,14 @@ def test_quack_backend_names_a_cutlass_install_that_quack_would_refuse(monkeypat
     quack_fused._quack_problem.cache_clear()
     try:
         assert quack_fused._quack_problem() == "expert backend quack needs QuACK on CUDA: pip install quack-kernels"
+        # installed, but failing to import (CUTLASS's DSL missing or of another version)
+        monkeypatch.setattr(quack_fused, "quack_installed", lambda: True)
+        monkeypatch.setitem(sys.modules, "quack", None)
+        quack_fused._quack_problem.cache_clear()
+        problem = quack_fused._quack_problem()
+        assert re.match(r"expert backend quack: QuACK is installed but does not import "
+                        r"\((ModuleNotFound|Import)Error: ", problem)
+        assert problem.endswith("reinstall quack-kernels and nvidia-cutlass-dsl together") and "\n" not in problem
     finally:
         quack_fused._quack_problem.cache_clear()
 

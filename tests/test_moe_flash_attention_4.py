@@ -50,18 +50,26 @@ def test_missing_flash_attention_4_and_other_gpus_are_one_line_errors(monkeypatc
     from foldmill.moe.kernels import flash_attention_4 as module
 
     cuda = torch.device("cuda")
+    install_problem = module._install_problem  # cached once per process; cleared around each case
     monkeypatch.setattr(module, "flash_attention_4_installed", lambda: False)
-    module._install_problem.cache_clear()
+    install_problem.cache_clear()
     try:
         with pytest.raises(FoldmillError, match=r"needs flash-attn-4: pip install flash-attn-4$"):
             module.require_flash_attention_4(cuda)
+        # installed, but its CuTe DSL package fails to import (CUTLASS's DSL missing or of another version)
         monkeypatch.setattr(module, "flash_attention_4_installed", lambda: True)
-        module._install_problem.cache_clear()
+        monkeypatch.setitem(sys.modules, "flash_attn", None)
+        install_problem.cache_clear()
+        does_not_import = (r"^moe attention flash_attn_4: flash-attn-4 is installed but does not import "
+                           r"\((ModuleNotFound|Import)Error: .*flash_attn.*\); reinstall .*use attention torch$")
+        with pytest.raises(FoldmillError, match=does_not_import):
+            module.require_flash_attention_4(cuda)
+        monkeypatch.setattr(module, "_install_problem", lambda: None)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
         with pytest.raises(FoldmillError, match=r"compute capability 9.x or 10.x .*not 8.x; use attention torch$"):
             module.require_flash_attention_4(cuda)
     finally:
-        module._install_problem.cache_clear()
+        install_problem.cache_clear()
 
 
 @needs_flash_attention_4

@@ -26,6 +26,24 @@ class CheckpointError(FoldmillError):
     """A checkpoint that cannot be loaded (wrong keys, unsafe payload, unreadable)."""
 
 
+def one_line(error: BaseException) -> str:
+    """`error` for a one-line message: its type and the first line of its text."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def import_failure(module: str) -> str | None:
+    """Why an installed `module` fails to import, in one line, or None where it imports: a module
+    it needs missing or of another version, or a native library failing to load."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except (ImportError, OSError, RuntimeError) as error:
+        return one_line(error)
+    return None
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """A GPU or host allocation that failed (torch's CUDA errors, its CPU allocator's, Python's)."""
     import torch

@@ -32,7 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from foldmill.errors import FoldmillError
+from foldmill.errors import FoldmillError, import_failure
 from foldmill.moe.experts.swiglu import UnfusedSwiGLU, swiglu_backward, swiglu_forward
 
 
@@ -238,6 +238,10 @@ def _quack_problem() -> str | None:
     """Why the quack backend cannot run on CUDA here, or None; once per process, not per call."""
     if not quack_installed():
         return "expert backend quack needs QuACK on CUDA: pip install quack-kernels"
+    failure = import_failure("quack.gemm_interface")  # it loads CUTLASS's DSL
+    if failure:
+        return (f"expert backend quack: QuACK is installed but does not import ({failure}); "
+                f"reinstall quack-kernels and nvidia-cutlass-dsl together")
     spec = importlib.util.find_spec("cutlass")
     return cutlass_location_problem(spec.origin if spec else None)
 

@@ -24,7 +24,7 @@ import importlib.util
 
 import torch
 
-from foldmill.errors import FoldmillError
+from foldmill.errors import FoldmillError, import_failure
 
 # Compute capabilities whose FlashAttention 4 forward and backward kernels foldmill calls.
 SUPPORTED_MAJORS = (9, 10)
@@ -70,9 +70,13 @@ def flash_attention_4_installed() -> bool:
 @functools.cache
 def _install_problem() -> str | None:
     """Once per process, not per call."""
-    if flash_attention_4_installed():
-        return None
-    return "moe attention flash_attn_4 needs flash-attn-4: pip install flash-attn-4"
+    if not flash_attention_4_installed():
+        return "moe attention flash_attn_4 needs flash-attn-4: pip install flash-attn-4"
+    failure = import_failure("flash_attn.cute")  # it loads CUTLASS's DSL
+    if failure:
+        return (f"moe attention flash_attn_4: flash-attn-4 is installed but does not import ({failure}); "
+                f"reinstall flash-attn-4 and nvidia-cutlass-dsl together, or use attention torch")
+    return None
 
 
 def block_sparsity(block_mask: object) -> tuple[object, object]:
