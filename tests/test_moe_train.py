@@ -339,6 +339,18 @@ def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
         Trainer(corpus, tmp_path, other).fit()
 
 
+def test_refused_resume_names_only_the_settings_the_user_changed(corpus, tmp_path):
+    # fp8_fast_accumulation is on by default but off in the model of a non-FP8 backend: forgetting
+    # --expert-backend must not also ask for a fast-accumulation value the user never set.
+    Trainer(corpus, tmp_path, TrainConfig(**{**SMALL.__dict__, "expert_backend": "fp8_rowwise"})).fit()
+    with pytest.raises(CheckpointError) as refused:
+        Trainer(corpus, tmp_path, SMALL).fit()
+    assert "(expert_backend 'fp8_rowwise' there, 'grouped' here);" in str(refused.value)
+    slow_sums = TrainConfig(**{**SMALL.__dict__, "expert_backend": "fp8_rowwise", "fp8_fast_accumulation": False})
+    with pytest.raises(CheckpointError, match=r"\(fp8_fast_accumulation True there, False here\);"):
+        Trainer(corpus, tmp_path, slow_sums).fit()
+
+
 def test_adamw_step_with_grad_scale_is_clipping_then_torch_adamw_on_cpu():
     from foldmill.moe.parallel.gradients import clip_factor
     from foldmill.moe.train.optim import AdamW

@@ -97,6 +97,16 @@ def check_run_directory(run_dir: Path) -> None:
     refuse_foreign(run_dir, COMMAND, RUN_FILES)
 
 
+def _settings_that_differ(saved: dict, current: dict) -> list[str]:
+    """The model settings a user must change to resume: fp8_fast_accumulation follows the expert
+    backend (build_model_config), so where the backends differ, naming it would ask for a value the
+    user never changed."""
+    names = [name for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name)]
+    if "expert_backend" in names:
+        return [name for name in names if name != "fp8_fast_accumulation"]
+    return names
+
+
 def _with_defaults(saved: dict) -> dict:
     """A checkpoint's model configuration with the fields added since it was written at the values it
     ran with (their defaults, or BEFORE_FIELD_EXISTED)."""
@@ -167,7 +177,7 @@ class Trainer:
                           for fields in (_with_defaults(state["model_config"]), dataclasses.asdict(self.model_config)))
         if saved != current:
             differing = ", ".join(f"{name} {saved.get(name)!r} there, {current.get(name)!r} here"
-                                  for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name))
+                                  for name in _settings_that_differ(saved, current))
             raise CheckpointError(f"{latest}: written for another model configuration ({differing}); "
                                   "set those values to resume, or use a new run directory")
         self.sampler.load_state_dict(state["sampler"])
