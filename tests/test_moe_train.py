@@ -474,6 +474,14 @@ def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):
     assert mine.read_text() == "{}"
     assert "holds files foldmill evaluate did not write (e.g. mine.json)" in capsys.readouterr().err
     assert evaluate_checkpoint(corpus, summary["checkpoint"], 2, 2)["expert_backend"] == "loop"
+    # the run directory, or its checkpoints/ folder, stands for its newest checkpoint
+    for named in (run, run / "checkpoints"):
+        assert evaluate_checkpoint(corpus, named, 2, 2)["checkpoint"] == summary["checkpoint"]
+    capsys.readouterr()
+    for wrong, problem in ((tmp_path / "nowhere", "no such directory"),
+                           (corpus, "neither a checkpoint (trainer_state.json) nor a run holding one")):
+        assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", str(wrong)]) == 2
+        assert capsys.readouterr().err.strip() == f"foldmill: error: {wrong}: {problem}"
     capsys.readouterr()
     assert cli_main(["pretrain", "train", "--corpus", str(tmp_path / "missing"), "--run-dir", str(run)]) == 2
     assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--precision", "fp16"]) == 2

@@ -2,7 +2,7 @@
 
   foldmill pretrain prepare-corpus FASTA... -o CORPUS [--alphabet protein|nucleotide]
   foldmill pretrain train --corpus CORPUS --run-dir RUN [--model tiny --expert-backend mxfp8 --steps N ...]
-  foldmill pretrain evaluate --corpus CORPUS --checkpoint RUN/checkpoints/step_N [-o evaluation.json]
+  foldmill pretrain evaluate --corpus CORPUS --checkpoint RUN[/checkpoints/step_N] [-o evaluation.json]
 `train` resumes from the newest checkpoint in RUN. For DDP / FSDP2 / expert parallelism run it under
 torchrun, or give --processes N (it starts torchrun itself; with --nodes M, srun across a Slurm job).
 """
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     evaluate = commands.add_parser("evaluate", help="validation loss and perplexity of a checkpoint")
     evaluate.add_argument("--corpus", required=True)
-    evaluate.add_argument("--checkpoint", required=True, help="a checkpoints/step_* directory")
+    evaluate.add_argument("--checkpoint", required=True, help="a checkpoints/step_* directory, or a run directory (its newest checkpoint)")
     evaluate.add_argument("--batch-size", type=int, default=8)
     evaluate.add_argument("--max-batches", type=int, default=0, help="0 = the whole validation split")
     evaluate.add_argument("-o", "--out", help="write the result as JSON here (a new file, or one it wrote before)")

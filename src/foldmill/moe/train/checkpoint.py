@@ -59,6 +59,20 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """`path` if it is a checkpoint, else the newest complete checkpoint of the run directory (or its
+    checkpoints/ folder) it names: users point at the run they trained."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        newest = latest_checkpoint(root)
+        if newest is not None:
+            return newest
+    problem = "no such directory" if not path.exists() else f"neither a checkpoint ({STATE_FILE}) nor a run holding one"
+    raise CheckpointError(f"{path}: {problem}")
+
+
 def save_checkpoint(
     root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, env: Dist,
     keep_last: int = 2,

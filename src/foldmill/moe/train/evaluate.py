@@ -42,10 +42,11 @@ def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_si
     """Load the model of a pretraining checkpoint and evaluate it on the corpus's validation split."""
     from foldmill.moe.config import ModelConfig, TrainConfig
     from foldmill.moe.model.decoder import MoEDecoder
-    from foldmill.moe.train.checkpoint import load_model_weights, read_state
+    from foldmill.moe.train.checkpoint import load_model_weights, read_state, resolve_checkpoint
     from foldmill.moe.train.distributed import init_distributed
     from foldmill.moe.train.precision import prepare_parameters
 
+    checkpoint = resolve_checkpoint(checkpoint)
     env = init_distributed()
     state = read_state(checkpoint)
     model_config = ModelConfig(**state["model_config"])
