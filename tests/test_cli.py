@@ -22,6 +22,15 @@ def test_doctor_reports_the_environment() -> None:
     assert "cuda" in done.stdout and "slurm" in found and "mmseqs" in found
 
 
+def test_doctor_names_a_command_that_is_installed_but_fails() -> None:
+    # as Slurm's sinfo does on a machine outside any cluster: its last line says why
+    from foldmill.runtime.doctor import _command_version
+
+    failing = [sys.executable, "-c", "import sys; print('first', file=sys.stderr); sys.exit('no configuration')"]
+    assert _command_version(failing) == f"installed, but `{' '.join(failing)}` fails: no configuration"
+    assert _command_version([sys.executable, "--version"]).startswith("Python 3.")
+
+
 def test_every_subcommand_has_help(capsys) -> None:
     """In this process: a `foldmill` start-up per subcommand costs seconds of imports each (the entry
     point itself runs in the other tests here)."""

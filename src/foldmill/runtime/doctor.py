@@ -25,6 +25,9 @@ def _command_version(command: list[str]) -> str | None:
         done = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
+    if done.returncode != 0:  # e.g. Slurm's client installed on a machine with no cluster configured
+        errors = done.stderr.strip().splitlines()
+        return f"installed, but `{' '.join(command)}` fails" + (f": {errors[-1]}" if errors else "")
     lines = (done.stdout or done.stderr).strip().splitlines()
     return lines[0] if lines else "present"
 
