@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     evaluate = commands.add_parser("evaluate", help="validation loss and perplexity of a checkpoint")
     evaluate.add_argument("--corpus", required=True)
-    evaluate.add_argument("--checkpoint", required=True, help="a checkpoints/step_* directory, or a run directory (its newest checkpoint)")
+    evaluate.add_argument("--checkpoint", required=True,
+                          help="a checkpoints/step_* directory, or a run directory (its newest checkpoint)")
     evaluate.add_argument("--batch-size", type=int, default=8)
     evaluate.add_argument("--max-batches", type=int, default=0, help="0 = the whole validation split")
     evaluate.add_argument("-o", "--out", help="write the result as JSON here (a new file, or one it wrote before)")
