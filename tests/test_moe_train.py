@@ -339,6 +339,32 @@ def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
         Trainer(corpus, tmp_path, other).fit()
 
 
+def test_a_second_trainer_on_a_training_run_stops_in_one_line(corpus, tmp_path):
+    # Another process holds the run's lock, as a trainer started earlier on the same run does.
+    import subprocess
+    import sys
+
+    from foldmill.moe.train.launch import launch_pretrain
+    from foldmill.moe.train.run_lock import LOCK_FILE, RunInUseError
+
+    Trainer(corpus, tmp_path, SMALL).fit()  # a finished run: the lock is free again
+    hold = ("import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / LOCK_FILE)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        more = TrainConfig(**{**SMALL.__dict__, "steps": 9})
+        with pytest.raises(RunInUseError, match=r"another `foldmill pretrain train` is training this run"):
+            Trainer(corpus, tmp_path, more).fit()
+        # several processes: refused before torchrun starts them, not once by each of them
+        with pytest.raises(RunInUseError, match=r"wait for it to finish or stop it$"):
+            launch_pretrain(corpus, tmp_path, more, processes=2)
+    finally:
+        holder.communicate("")
+    assert Trainer(corpus, tmp_path, more).fit()["steps"] == 9  # the lock left with its process
+
+
 def test_refused_resume_names_only_the_settings_the_user_changed(corpus, tmp_path):
     # fp8_fast_accumulation is on by default but off in the model of a non-FP8 backend: forgetting
     # --expert-backend must not also ask for a fast-accumulation value the user never set.

@@ -14,6 +14,7 @@ from pathlib import Path
 from foldmill.errors import FoldmillError
 from foldmill.moe.config import TrainConfig
 from foldmill.moe.train.distributed import NVLINK_MULTICAST_OFF
+from foldmill.moe.train.run_lock import refuse_if_training
 
 
 def train_arguments(corpus_dir: str | Path, run_dir: str | Path, config: TrainConfig) -> list[str]:
@@ -85,6 +86,7 @@ def launch_pretrain(
         from foldmill.moe.train.trainer import pretrain
 
         return pretrain(corpus_dir, run_dir, config)
+    refuse_if_training(run_dir)
     command, environment = launch_command(train_arguments(corpus_dir, run_dir, config), max(processes, 1), nodes)
     completed = subprocess.run(command, env=environment, check=False)
     if completed.returncode:

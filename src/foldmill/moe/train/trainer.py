@@ -47,6 +47,7 @@ from foldmill.moe.train.loss import accumulate_gradients, batch_loss
 from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu_columns, run_peaks
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
 from foldmill.moe.train.precision import prepare_parameters
+from foldmill.moe.train.run_lock import exclusive_run
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,10 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train up to config.steps (resuming if possible); returns the summary written to summary.json."""
+        with exclusive_run(self.run_dir, self.env):
+            return self._train()
+
+    def _train(self) -> dict:
         config, env = self.config, self.env
         self.resume()
         logged = self.metrics.keep_up_to(self.step)
