@@ -82,11 +82,12 @@ def launch_pretrain(
 ) -> dict:
     """Train with `processes` workers per node (torchrun, one per GPU) on `nodes` nodes (srun in a
     Slurm job), or in this process when both are 1."""
+    if os.environ.get("WORLD_SIZE", "1") == "1":  # a torchrun worker's launcher checked; its rank 0 locks
+        refuse_if_training(run_dir)
     if processes <= 1 and nodes <= 1:
         from foldmill.moe.train.trainer import pretrain
 
         return pretrain(corpus_dir, run_dir, config)
-    refuse_if_training(run_dir)
     command, environment = launch_command(train_arguments(corpus_dir, run_dir, config), max(processes, 1), nodes)
     completed = subprocess.run(command, env=environment, check=False)
     if completed.returncode:

@@ -64,8 +64,9 @@ def exclusive_run(run_dir: Path, env: Dist) -> Iterator[None]:
 
 
 def refuse_if_training(run_dir: str | Path) -> None:
-    """Before starting workers: stop in one line if a trainer holds the run, rather than after torchrun
-    has started every worker and reported each one's failure. The workers still take the lock."""
+    """Before building a model or starting workers: stop in one line if a trainer holds the run, rather
+    than after the model has taken GPU memory the running trainer may need, or torchrun has started
+    every worker and reported each one's failure. The trainer itself still takes the lock."""
     path = Path(run_dir) / LOCK_FILE
     if path.is_file():
         handle = _take_lock(path)
