@@ -40,3 +40,17 @@ def test_a_library_without_a_version_attribute_is_named_by_its_distribution(tmp_
     monkeypatch.setattr("foldmill.bench.moe.CONTENDER_MODULES", ("nsattn",))
 
     assert available_contenders() == {"nsattn": "ns-attn-4 4.0.0"}
+
+
+def test_a_version_attribute_that_is_not_a_version_gives_way_to_the_distribution(tmp_path, monkeypatch):
+    """The CUTLASS DSL's front end built from source keeps its build template as __version__."""
+    (tmp_path / "tmplgemm").mkdir()
+    (tmp_path / "tmplgemm" / "__init__.py").write_text('__version__ = "@TMPLGEMM_RELEASE_VERSION@"\n')
+    metadata = tmp_path / "tmpl_gemm-4.7.0.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: tmpl-gemm\nVersion: 4.7.0\n")
+    (metadata / "top_level.txt").write_text("tmplgemm\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("foldmill.bench.moe.CONTENDER_MODULES", ("tmplgemm",))
+
+    assert available_contenders() == {"tmplgemm": "tmpl-gemm 4.7.0"}

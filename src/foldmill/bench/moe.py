@@ -43,6 +43,7 @@ import importlib.util
 import json
 import os
 import traceback
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -182,10 +183,17 @@ def available_contenders() -> dict[str, str]:
             continue
         try:
             module = importlib.import_module(name)
-            found[name] = str(getattr(module, "__version__", None) or _distribution_version(name))
+            found[name] = _module_version(module) or _distribution_version(name)
         except Exception as error:  # any import failure means the contender cannot run here
             found[name] = f"not importable ({type(error).__name__})"
     return found
+
+
+def _module_version(module: types.ModuleType) -> str | None:
+    """`module.__version__` where it is a version: a package built from source can keep its build's
+    unfilled template (the CUTLASS DSL's front end reads "@CUTLASS_IR_WHEEL_RELEASE_VERSION@")."""
+    version = str(getattr(module, "__version__", "") or "")
+    return version if version[:1].isdigit() else None
 
 
 def _distribution_version(module: str) -> str:
