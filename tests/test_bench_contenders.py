@@ -29,13 +29,21 @@ def test_a_missing_library_imported_last_is_reported_as_not_installed(monkeypatc
     assert available_contenders()[IMPORTED_LAST[0]] == "not installed"
 
 
+def _install(tmp_path, module: str, distribution: str, version: str, init: str | None) -> None:
+    """Put a package `module` (a namespace package when `init` is None) and the dist-info of
+    `distribution` that installs it on sys.path."""
+    (tmp_path / module).mkdir()
+    if init is not None:
+        (tmp_path / module / "__init__.py").write_text(init)
+    metadata = tmp_path / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (metadata / "top_level.txt").write_text(f"{module}\n")
+
+
 def test_a_library_without_a_version_attribute_is_named_by_its_distribution(tmp_path, monkeypatch):
     """flash-attn-4 installs flash_attn as a namespace package, without __version__."""
-    (tmp_path / "nsattn" / "cute").mkdir(parents=True)
-    metadata = tmp_path / "ns_attn_4-4.0.0.dist-info"
-    metadata.mkdir()
-    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: ns-attn-4\nVersion: 4.0.0\n")
-    (metadata / "top_level.txt").write_text("nsattn\n")
+    _install(tmp_path, "nsattn", "ns-attn-4", "4.0.0", init=None)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr("foldmill.bench.moe.CONTENDER_MODULES", ("nsattn",))
 
@@ -44,12 +52,7 @@ def test_a_library_without_a_version_attribute_is_named_by_its_distribution(tmp_
 
 def test_a_version_attribute_that_is_not_a_version_gives_way_to_the_distribution(tmp_path, monkeypatch):
     """The CUTLASS DSL's front end built from source keeps its build template as __version__."""
-    (tmp_path / "tmplgemm").mkdir()
-    (tmp_path / "tmplgemm" / "__init__.py").write_text('__version__ = "@TMPLGEMM_RELEASE_VERSION@"\n')
-    metadata = tmp_path / "tmpl_gemm-4.7.0.dist-info"
-    metadata.mkdir()
-    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: tmpl-gemm\nVersion: 4.7.0\n")
-    (metadata / "top_level.txt").write_text("tmplgemm\n")
+    _install(tmp_path, "tmplgemm", "tmpl-gemm", "4.7.0", init='__version__ = "@TMPLGEMM_RELEASE_VERSION@"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr("foldmill.bench.moe.CONTENDER_MODULES", ("tmplgemm",))
 
