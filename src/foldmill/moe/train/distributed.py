@@ -29,9 +29,14 @@ class Dist:
         return self.rank == 0
 
 
+def torchrun_world_size() -> int:
+    """How many workers torchrun started this process among; 1 outside torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_distributed() -> Dist:
     """Join the process group torchrun describes (WORLD_SIZE > 1), else run as a single process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = torchrun_world_size()
     rank = int(os.environ.get("RANK", "0"))
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

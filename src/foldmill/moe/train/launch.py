@@ -13,7 +13,7 @@ from pathlib import Path
 
 from foldmill.errors import FoldmillError
 from foldmill.moe.config import TrainConfig
-from foldmill.moe.train.distributed import NVLINK_MULTICAST_OFF
+from foldmill.moe.train.distributed import NVLINK_MULTICAST_OFF, torchrun_world_size
 from foldmill.moe.train.run_lock import refuse_if_training
 
 
@@ -82,7 +82,7 @@ def launch_pretrain(
 ) -> dict:
     """Train with `processes` workers per node (torchrun, one per GPU) on `nodes` nodes (srun in a
     Slurm job), or in this process when both are 1."""
-    if os.environ.get("WORLD_SIZE", "1") == "1":  # a torchrun worker's launcher checked; its rank 0 locks
+    if torchrun_world_size() == 1:  # a torchrun worker's launcher checked; its rank 0 locks
         refuse_if_training(run_dir)
     if processes <= 1 and nodes <= 1:
         from foldmill.moe.train.trainer import pretrain
