@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -341,9 +342,6 @@ def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
 
 def test_a_second_trainer_on_a_training_run_stops_in_one_line(corpus, tmp_path):
     # Another process holds the run's lock, as a trainer started earlier on the same run does.
-    import subprocess
-    import sys
-
     from foldmill.moe.train.launch import launch_pretrain
     from foldmill.moe.train.run_lock import LOCK_FILE, RunInUseError
 
@@ -364,6 +362,27 @@ def test_a_second_trainer_on_a_training_run_stops_in_one_line(corpus, tmp_path):
     finally:
         holder.communicate("")
     assert Trainer(corpus, tmp_path, more).fit()["steps"] == 9  # the lock left with its process
+
+
+def test_a_file_system_without_flock_trains_unlocked_and_says_so_once(corpus, tmp_path, monkeypatch, caplog):
+    # As on a Lustre mount without flock: the kernel answers ENOLCK. Here on a resume, where both
+    # the early check in launch_pretrain and the trainer open the lock file.
+    import errno
+    import fcntl
+
+    from foldmill.moe.train.launch import launch_pretrain
+
+    Trainer(corpus, tmp_path, SMALL).fit()
+
+    def no_flock(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    more = TrainConfig(**{**SMALL.__dict__, "steps": 9})
+    with caplog.at_level(logging.WARNING, logger="foldmill.moe.train.run_lock"):
+        assert launch_pretrain(corpus, tmp_path, more, processes=1)["steps"] == 9
+    warnings = [record.getMessage() for record in caplog.records if "cannot lock" in record.getMessage()]
+    assert len(warnings) == 1 and "training without a lock on the run directory" in warnings[0]
 
 
 def test_refused_resume_names_only_the_settings_the_user_changed(corpus, tmp_path):

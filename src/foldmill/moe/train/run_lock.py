@@ -13,6 +13,7 @@ import fcntl
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -28,18 +29,19 @@ class RunInUseError(FoldmillError):
     pass
 
 
-def _take_lock(path: Path):
-    """The open, locked lock file; None if another process holds it. A file system without flock
-    (some Lustre mounts) trains unlocked rather than refusing every run."""
+def _take_lock(path: Path) -> tuple[TextIO | None, OSError | None]:
+    """(the open, locked lock file, None); (None, None) if another process holds it. On a file system
+    without flock (some Lustre mounts): the file unlocked and flock's error, so the run trains
+    unlocked rather than every run being refused (the trainer says so, once)."""
     handle = open(path, "a", encoding="utf-8")  # held open, and locked, for the whole run
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        return None
+        return None, None
     except OSError as error:
-        log.warning("%s: cannot lock (%s); training without a lock on the run directory", path, error)
-    return handle
+        return handle, error
+    return handle, None
 
 
 def _in_use(run_dir: Path) -> RunInUseError:
@@ -50,7 +52,10 @@ def _in_use(run_dir: Path) -> RunInUseError:
 @contextlib.contextmanager
 def exclusive_run(run_dir: Path, env: Dist) -> Iterator[None]:
     """Hold the run directory's lock for the block, or raise RunInUseError on every rank."""
-    handle = _take_lock(run_dir / LOCK_FILE) if env.is_main else None
+    handle, unlockable = _take_lock(run_dir / LOCK_FILE) if env.is_main else (None, None)
+    if unlockable is not None:
+        log.warning("%s: cannot lock (%s); training without a lock on the run directory",
+                    run_dir / LOCK_FILE, unlockable)
     free = torch.ones(1, device=env.device)
     if env.is_main and handle is None:
         free.zero_()
@@ -69,7 +74,7 @@ def refuse_if_training(run_dir: str | Path) -> None:
     every worker and reported each one's failure. The trainer itself still takes the lock."""
     path = Path(run_dir) / LOCK_FILE
     if path.is_file():
-        handle = _take_lock(path)
+        handle, _ = _take_lock(path)
         if handle is None:
             raise _in_use(Path(run_dir))
         handle.close()
