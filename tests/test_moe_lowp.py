@@ -285,6 +285,34 @@ def test_bench_mfu_columns_hold_each_precision_against_its_own_peak():
 
 
 
+def test_bench_row_that_runs_out_of_memory_is_one_line_and_other_failures_keep_their_traceback(capsys):
+    """A row too big for the GPU is an answer about that GPU: its printed row names the error, with
+    no traceback; another failure prints its traceback as well. The rows after either still run."""
+    import json
+
+    from foldmill.bench.moe import _guarded
+
+    def out_of_memory() -> dict:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.51 GiB.\nIncluding non-PyTorch memory")
+
+    def refused() -> dict:
+        raise RuntimeError("CUDNN_STATUS_BAD_PARAM")
+
+    results: list[dict] = []
+    _guarded(results, {"variant": "too big"}, out_of_memory)
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err + printed.out
+    assert json.loads(printed.out) == {"variant": "too big",
+                                       "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.51 GiB."}
+    _guarded(results, {"variant": "refused"}, refused)
+    printed = capsys.readouterr()
+    assert "Traceback" in printed.err and "in refused" in printed.err
+    assert json.loads(printed.out)["error"] == "RuntimeError: CUDNN_STATUS_BAD_PARAM"
+    _guarded(results, {"variant": "fits"}, lambda: {"ms": 1.0})
+    assert [row.get("error", row.get("ms")) for row in results] == [
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.51 GiB.", "RuntimeError: CUDNN_STATUS_BAD_PARAM", 1.0]
+
+
 def test_bench_moe_kernel_cases_run_and_count_their_bytes():
     """The kernels section's cases run (here through the torch paths the CPU takes) and count the
     bytes of what they read and write: a bf16 copy reads and writes x; the SwiGLU that writes MXFP8

@@ -104,21 +104,36 @@ def _clear_cublas_workspaces() -> None:
 
 
 def _guarded(results: list[dict], row: dict, measure: Callable[[], dict]) -> None:
-    """Run one measurement; a failure is recorded in its row instead of ending the benchmark."""
+    """Run one measurement; a failure is recorded in its row instead of ending the benchmark.
+
+    A row that does not fit the GPU's memory is an answer about that GPU (several rows need more
+    than an 80 GB card), so its printed row is all that is said; any other failure also prints its
+    traceback."""
     # Free the previous rows' models first (their autograd and CUDA-graph references form cycles)
     # so host-bound rows do not pay for collecting them.
     gc.collect()
-    _clear_cublas_workspaces()  # after the previous row's CUDA graphs, which may run on them, are gone
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
+        _clear_cublas_workspaces()  # after the previous row's CUDA graphs, which may run on them, are gone
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     try:
         row.update(measure())
-        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if on_cuda:
+            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    except torch.OutOfMemoryError as error:
+        row["error"] = _error_line(error)
     except Exception as error:  # the table must still come out; the error names what failed
-        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        row["error"] = _error_line(error)
         traceback.print_exc()
     results.append(row)
     print(json.dumps(row), flush=True)
+
+
+def _error_line(error: Exception) -> str:
+    """The error's type and the first line of its message, at most 200 characters of it."""
+    message = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {message}"
 
 
 # ---------------------------------------------------------------- peaks and MFU
