@@ -262,7 +262,7 @@ def test_memory_saving_settings_offer_what_a_run_does_not_use_yet():
 def test_a_step_larger_than_the_corpus_is_refused_in_one_line(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--batch-size", "100000",
-                     "--steps", "1"]) == 2
+                     "--steps", "1", "--seq-len", "64"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith(f"foldmill: error: {corpus}: "), errors
     assert "fewer than the 100000 sequences of one optimizer step" in errors[0]
@@ -493,6 +493,37 @@ def test_learning_rate_schedule():
     assert learning_rate(10, config) == pytest.approx(1.0)
     assert learning_rate(55, config) == pytest.approx(0.55)
     assert learning_rate(100, config) == pytest.approx(0.1)
+
+
+def test_cli_steps_default_to_what_the_workflow_rules_run():
+    """`foldmill pretrain prepare-corpus | train | evaluate` run by hand, without options, train the
+    run the rules train from a config without a `moe:` section: the rule's TrainConfig (the keys
+    rules/moe.smk passes, at the schema's defaults), its corpus settings and its evaluation."""
+    import ast
+    import re
+    from pathlib import Path
+
+    from foldmill.cli import build_parser
+    from foldmill.cli.pretrain import config_from_args
+    from foldmill.config import defaults
+
+    workflow = defaults("moe")
+    rules = (Path(__file__).parents[1] / "rules" / "moe.smk").read_text(encoding="utf-8")
+    rule_keys = ast.literal_eval(re.search(r"MOE_TRAIN_KEYS = (\(.*?\))", rules, re.DOTALL).group(1))
+    rule_config = TrainConfig(**{key: workflow[key] for key in rule_keys})
+
+    parser = build_parser()
+    by_hand = config_from_args(parser.parse_args(["pretrain", "train", "--corpus", "c", "--run-dir", "r"]), TrainConfig)
+    assert by_hand == rule_config
+    assert (by_hand.steps, by_hand.seq_len, by_hand.lr, by_hand.precision) == (1000, 1024, 3e-4, "bf16-mixed")
+    prepare = parser.parse_args(["pretrain", "prepare-corpus", "a.fasta", "-o", "c"])
+    assert (prepare.alphabet, prepare.val_fraction, prepare.shard_tokens) == (
+        workflow["alphabet"], workflow["val_fraction"], workflow["shard_tokens"])
+    evaluate = parser.parse_args(["pretrain", "evaluate", "--corpus", "c", "--checkpoint", "r"])
+    assert (evaluate.batch_size, evaluate.max_batches) == (workflow["batch_size"], workflow["eval_batches"])
+    # An option given still wins.
+    assert config_from_args(parser.parse_args(["pretrain", "train", "--corpus", "c", "--run-dir", "r", "--lr", "0.01"]),
+                            TrainConfig).lr == 0.01
 
 
 def test_cli_prepare_train_evaluate(tmp_path, data_dir, capsys):

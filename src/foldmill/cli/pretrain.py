@@ -5,6 +5,8 @@
   foldmill pretrain evaluate --corpus CORPUS --checkpoint RUN[/checkpoints/step_N] [-o evaluation.json]
 `train` resumes from the newest checkpoint in RUN. For DDP / FSDP2 / expert parallelism run it under
 torchrun, or give --processes N (it starts torchrun itself; with --nodes M, srun across a Slurm job).
+Every option defaults to the workflow's `moe:` setting of the same name, so a step run by hand
+does what the rule does.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import dataclasses
 import json
 import os
 import typing
+from collections.abc import Mapping
 
+from foldmill.config import defaults
 from foldmill.io.atomic import owned_files
 from foldmill.moe.config import TrainConfig
 
@@ -22,19 +26,23 @@ from foldmill.moe.config import TrainConfig
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("pretrain", help="pretrain mixture-of-experts models on FASTA corpora")
     commands = parser.add_subparsers(dest="pretrain_command", required=True, metavar="STEP")
+    workflow = defaults("moe")
 
     prepare = commands.add_parser("prepare-corpus", help="tokenize, pack and shard FASTA files (train/val split)")
     prepare.add_argument("fasta", nargs="+", help="FASTA files (.gz allowed): proteomes, UniRef, genomes")
     prepare.add_argument("-o", "--out", required=True, help="corpus directory")
-    prepare.add_argument("--alphabet", default="protein", choices=["protein", "nucleotide"])
-    prepare.add_argument("--val-fraction", type=float, default=0.05)
-    prepare.add_argument("--shard-tokens", type=int, default=1 << 26)
+    prepare.add_argument("--alphabet", default=workflow["alphabet"], choices=["protein", "nucleotide"],
+                         help=f"(default: {workflow['alphabet']})")
+    prepare.add_argument("--val-fraction", type=float, default=workflow["val_fraction"],
+                         help=f"records held out for validation (default: {workflow['val_fraction']})")
+    prepare.add_argument("--shard-tokens", type=int, default=workflow["shard_tokens"],
+                         help=f"tokens per shard file (default: {workflow['shard_tokens']})")
     prepare.set_defaults(handler=run_prepare)
 
     train = commands.add_parser("train", help="train (or resume) a run")
     train.add_argument("--corpus", required=True, help="a directory written by prepare-corpus")
     train.add_argument("--run-dir", required=True, help="metrics.jsonl, checkpoints/ and summary.json go here")
-    add_config_arguments(train, TrainConfig)
+    add_config_arguments(train, TrainConfig, workflow)
     train.add_argument("--processes", type=int, default=1, help="processes per node, one per GPU (> 1: torchrun)")
     train.add_argument("--nodes", type=int, default=1, help="nodes of the Slurm job to train on (> 1: srun)")
     train.set_defaults(handler=run_train)
@@ -43,19 +51,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--corpus", required=True)
     evaluate.add_argument("--checkpoint", required=True,
                           help="a checkpoints/step_* directory, or a run directory (its newest checkpoint)")
-    evaluate.add_argument("--batch-size", type=int, default=8)
-    evaluate.add_argument("--max-batches", type=int, default=0, help="0 = the whole validation split")
+    evaluate.add_argument("--batch-size", type=int, default=workflow["batch_size"],
+                          help=f"(default: {workflow['batch_size']})")
+    evaluate.add_argument("--max-batches", type=int, default=workflow["eval_batches"],
+                          help=f"(default: {workflow['eval_batches']}; 0 = the whole validation split)")
     evaluate.add_argument("-o", "--out", help="write the result as JSON here (a new file, or one it wrote before)")
     evaluate.set_defaults(handler=run_evaluate)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_class: type) -> None:
-    """One --option per field of the config dataclass, defaulting to the field's default."""
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type,
+                         preferred: Mapping[str, object]) -> None:
+    """One --option per field of the config dataclass, defaulting to `preferred`'s value of that
+    name where it has one (the workflow config's), else to the field's own default."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
         kind = _parse_bool if hints[field.name] is bool else hints[field.name]
+        default = preferred.get(field.name, field.default)
         parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=kind,
-                            default=field.default, help=f"(default: {field.default})")
+                            default=default, help=f"(default: {default})")
 
 
 def _parse_bool(text: str) -> bool:
