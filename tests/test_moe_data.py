@@ -68,6 +68,19 @@ def test_prepare_corpus_without_usable_records_is_one_clear_error(tmp_path):
         prepare_corpus([bad], tmp_path / "c", alphabet="rna")
 
 
+def test_prepare_corpus_with_nothing_left_to_train_on_says_so(tmp_path):
+    """One usable record goes to validation, which is never left empty: the error names that, not
+    the reject beside it, and writes nothing."""
+    few = tmp_path / "few.fasta"
+    few.write_text(">a\nMKVLAAGGHHKKLLPPWWYYEE\n>b\nMK1V\n")
+    with pytest.raises(InputError, match=r"1 usable protein sequence, all held out for validation "
+                                         r"\(val_fraction 0.05\): none left to train on; first reject: b"):
+        prepare_corpus([few], tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    # Without a validation split the same record trains.
+    assert prepare_corpus([few], tmp_path / "c", val_fraction=0.0)["splits"]["train"]["records"] == 1
+
+
 def test_prepare_corpus_replaces_only_a_corpus_it_wrote(tmp_path, data_dir):
     proteome = data_dir / "proteomes/yeast_chr1.fasta"
     mine = tmp_path / "mine"

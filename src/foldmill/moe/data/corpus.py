@@ -146,8 +146,12 @@ def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: st
     for writer in writers.values():
         writer.close()
     if not writers["train"].tokens:
+        usable = writers["val"].records  # validation takes a record before training does
+        problem = (f"{usable} usable {alphabet} sequence{'s' if usable > 1 else ''}, all held out for validation "
+                   f"(val_fraction {val_fraction}): none left to train on" if usable
+                   else f"no usable {alphabet} sequence")
         first = f"; first reject: {rejects[0][1]}: {rejects[0][2]}" if rejects else ""
-        raise InputError(", ".join(map(str, fasta_paths)), None, f"no usable {alphabet} sequence{first}")
+        raise InputError(", ".join(map(str, fasta_paths)), None, problem + first)
     rejects_text = "source\trecord\tproblem\n" + "".join(f"{s}\t{r}\t{p}\n" for s, r, p in rejects)
     write_text_atomic(out_dir / "rejects.tsv", rejects_text)
     meta = {
