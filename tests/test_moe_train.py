@@ -105,7 +105,8 @@ def test_a_run_says_what_it_trains_as_it_starts(corpus, tmp_path, caplog):
             "experts fp8_rowwise, precision bf16-mixed, CUDA graphs off; MFU against 2.5 TFLOP/s bf16") in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="foldmill.moe.train.trainer"):
-        Trainer(corpus, tmp_path / "other", TrainConfig(steps=1, batch_size=2, seq_len=64, eval_batches=1)).fit()
+        Trainer(corpus, tmp_path / "other", TrainConfig(steps=1, batch_size=1, seq_len=64, eval_batches=1)).fit()
+    assert "1 sequence of 64 tokens per micro-batch, 1 per optimizer step" in caplog.text
     assert "no MFU (no peak known: moe.peak_tflops)" in caplog.text
 
 

@@ -241,7 +241,8 @@ class Trainer:
         config, env = self.config, self.env
         device = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "CPU"
         peaks = " and ".join(f"{value:,g} TFLOP/s {precision}" for precision, value in self.peaks.items())
-        return (f"training {config.model} from step {self.step} to {config.steps}: {config.batch_size} sequences of "
+        sequences = f"{config.batch_size} sequence{'' if config.batch_size == 1 else 's'}"
+        return (f"training {config.model} from step {self.step} to {config.steps}: {sequences} of "
                 f"{config.seq_len:,} tokens per micro-batch, {config.gradient_accumulation_steps} per optimizer step, "
                 f"on {env.world_size} x {device}; experts {config.expert_backend}, precision {config.precision}, "
                 f"CUDA graphs {'on' if self.captured is not None else 'off'}; "
