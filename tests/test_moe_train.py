@@ -341,6 +341,35 @@ def test_checkpoint_of_another_model_is_refused(corpus, tmp_path):
         Trainer(corpus, tmp_path, other).fit()
 
 
+def test_a_checkpoint_of_another_alphabet_or_a_damaged_one_is_refused_in_one_line(corpus, tmp_path, capsys):
+    """A run trained on nucleotides, resumed or evaluated on a protein corpus: refused before any
+    weight is read, naming both alphabets. A damaged checkpoint: one line naming the failure (DCP
+    wraps it in a CheckpointException, a BaseException, which a handler of Exceptions misses)."""
+    genomes = tmp_path / "genomes.fasta"
+    bases = np.random.default_rng(0).choice(list("ACGT"), size=(40, 300))
+    genomes.write_text("".join(f">g{i}\n{''.join(row)}\n" for i, row in enumerate(bases)))
+    nucleotides = tmp_path / "nucleotides"
+    prepare_corpus([genomes], nucleotides, alphabet="nucleotide")
+    run = tmp_path / "run"
+    Trainer(nucleotides, run, TrainConfig(**{**SMALL.__dict__, "steps": 3})).fit()
+    checkpoint, metrics = run / "checkpoints/step_00000003", (run / "metrics.jsonl").read_text()
+    refusal = (f"{checkpoint}: its model reads the nucleotide alphabet (9 token types) and {corpus} is a protein "
+               f"corpus (29): use a corpus of the alphabet it was trained on")
+    with pytest.raises(CheckpointError) as error:
+        Trainer(corpus, run, TrainConfig(**{**SMALL.__dict__, "steps": 4})).fit()
+    assert str(error.value) == refusal + ", or a new run directory"
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", str(run)]) == 2
+    assert capsys.readouterr().err == f"foldmill: error: {refusal}\n"
+
+    for shard in checkpoint.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"step_00000003: cannot load checkpoint: EOFError$"):
+        Trainer(nucleotides, run, TrainConfig(**{**SMALL.__dict__, "steps": 4})).fit()
+    assert cli_main(["pretrain", "evaluate", "--corpus", str(nucleotides), "--checkpoint", str(run)]) == 2
+    assert capsys.readouterr().err == f"foldmill: error: {checkpoint}: cannot load model weights: EOFError\n"
+
+
 def test_a_second_trainer_on_a_training_run_stops_in_one_line(corpus, tmp_path):
     # Another process holds the run's lock, as a trainer started earlier on the same run does.
     from foldmill.moe.train.launch import launch_pretrain

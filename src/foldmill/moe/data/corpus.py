@@ -166,6 +166,17 @@ def _write_corpus(fasta_paths: Sequence[str | Path], out_dir: Path, alphabet: st
     return meta
 
 
+def alphabet_mismatch(corpus_dir: str | Path, meta: dict, vocab_size: int) -> str | None:
+    """Why a checkpoint's model of `vocab_size` token types cannot read this corpus (`meta`, its
+    meta.json), or None."""
+    if meta["vocab_size"] == vocab_size:
+        return None
+    trained = next((name for name, tokenizer in TOKENIZERS.items() if tokenizer.vocab_size == vocab_size), None)
+    model = f"the {trained} alphabet ({vocab_size} token types)" if trained else f"{vocab_size} token types"
+    return (f"its model reads {model} and {corpus_dir} is a {meta['tokenizer']} corpus ({meta['vocab_size']}): "
+            f"use a corpus of the alphabet it was trained on")
+
+
 def load_meta(corpus_dir: str | Path) -> dict:
     path = Path(corpus_dir) / "meta.json"
     try:

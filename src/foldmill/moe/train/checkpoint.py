@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -87,8 +88,11 @@ def save_checkpoint(
     model_state, optim_state = get_state_dict(model, optimizer)
     model_state.update(_masters_by_key(model_state, optimizer))
     expert_state_to_global(model_state, optim_state, unwrap(model))
-    with _quiet_single_process():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=_single_process())
+    try:
+        with _quiet_single_process():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=temporary, no_dist=_single_process())
+    except CheckpointException as error:
+        raise CheckpointError(f"{final}: cannot write checkpoint: {_first_failure(error)}") from None
     barrier()
     if env.is_main:
         (temporary / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2), encoding="utf-8")
@@ -119,13 +123,22 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     try:
         with _quiet_single_process():
             dcp.load(loaded, checkpoint_id=Path(path), no_dist=_single_process())
-    except Exception as error:  # DCP raises assorted errors (missing keys, shape mismatch, bad files)
-        raise CheckpointError(f"{path}: cannot load checkpoint: {error}") from None
+    except (Exception, CheckpointException) as error:  # DCP raises assorted errors (missing keys, bad files)
+        raise CheckpointError(f"{path}: cannot load checkpoint: {_first_failure(error)}") from None
     expert_state_to_local(loaded["model"], loaded["optim"], unwrap(model))
     for key, master in masters.items():
         master.copy_(loaded["model"][key])
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     return state
+
+
+def _first_failure(error: BaseException) -> str:
+    """What went wrong, in one line. DCP wraps each rank's error in a CheckpointException, a
+    BaseException whose text holds every rank's traceback: its first rank's error stands for it."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _masters_by_key(model_state: dict, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -143,8 +156,8 @@ def load_model_weights(path: str | Path, model: nn.Module) -> dict:
     try:
         with _quiet_single_process():
             dcp.load({"model": model_state}, checkpoint_id=Path(path), no_dist=_single_process())
-    except Exception as error:
-        raise CheckpointError(f"{path}: cannot load model weights: {error}") from None
+    except (Exception, CheckpointException) as error:
+        raise CheckpointError(f"{path}: cannot load model weights: {_first_failure(error)}") from None
     expert_state_to_local(model_state, None, unwrap(model))
     set_model_state_dict(model, model_state)
     return state

@@ -40,7 +40,9 @@ def evaluate(
 
 def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_size: int, max_batches: int) -> dict:
     """Load the model of a pretraining checkpoint and evaluate it on the corpus's validation split."""
+    from foldmill.errors import CheckpointError
     from foldmill.moe.config import ModelConfig, TrainConfig
+    from foldmill.moe.data.corpus import alphabet_mismatch, load_meta
     from foldmill.moe.model.decoder import MoEDecoder
     from foldmill.moe.train.checkpoint import load_model_weights, read_state, resolve_checkpoint
     from foldmill.moe.train.distributed import init_distributed
@@ -51,6 +53,9 @@ def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_si
     state = read_state(checkpoint)
     model_config = ModelConfig(**state["model_config"])
     train_config = TrainConfig(**state["train_config"])
+    mismatch = alphabet_mismatch(corpus_dir, load_meta(corpus_dir), model_config.vocab_size)
+    if mismatch:
+        raise CheckpointError(f"{checkpoint}: {mismatch}")
     model = MoEDecoder(model_config).to(env.device)
     prepare_parameters(model, train_config.precision)  # no optimizer here: the masters are not needed
     load_model_weights(checkpoint, model)

@@ -27,11 +27,11 @@ from foldmill.moe.config import (
     memory_saving_settings,
     model_config,
 )
-from foldmill.moe.data.corpus import load_meta
+from foldmill.moe.data.corpus import alphabet_mismatch, load_meta
 from foldmill.moe.data.loader import BatchSampler, PackedWindows, document_ids
 from foldmill.moe.model.decoder import MoEDecoder
 from foldmill.moe.parallel.gradients import clip_factor, reduce_expert_gradients
-from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from foldmill.moe.train.checkpoint import latest_checkpoint, load_checkpoint, read_state, save_checkpoint
 from foldmill.moe.train.compile import compile_dense_blocks
 from foldmill.moe.train.distributed import (
     Dist,
@@ -128,6 +128,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         check_run_directory(self.run_dir)
         meta = load_meta(corpus_dir)
+        self.corpus_dir, self.corpus_meta = Path(corpus_dir), meta
         self.train_windows = PackedWindows(corpus_dir, "train", config.seq_len)
         self.val_windows = PackedWindows(corpus_dir, "val", config.seq_len)
         # One draw per optimizer step: its micro-batches' sequences; checked before the model is built.
@@ -173,18 +174,26 @@ class Trainer:
         latest = latest_checkpoint(self.checkpoint_root)
         if latest is None:
             return False
+        self._check_same_model(latest)
         state = load_checkpoint(latest, self.model, self.optimizer)
-        saved, current = ({name: value for name, value in fields.items() if name not in SAME_VALUES_EITHER_WAY}
-                          for fields in (_with_defaults(state["model_config"]), dataclasses.asdict(self.model_config)))
-        if saved != current:
-            differing = ", ".join(f"{name} {saved.get(name)!r} there, {current.get(name)!r} here"
-                                  for name in _settings_that_differ(saved, current))
-            raise CheckpointError(f"{latest}: written for another model configuration ({differing}); "
-                                  "set those values to resume, or use a new run directory")
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["step"])
         log.info("resumed from %s (step %d)", latest, self.step)
         return True
+
+    def _check_same_model(self, checkpoint: Path) -> None:
+        """Refuse, before reading its weights, a checkpoint of another model than this run builds."""
+        saved = _with_defaults(read_state(checkpoint)["model_config"])
+        mismatch = alphabet_mismatch(self.corpus_dir, self.corpus_meta, saved["vocab_size"])
+        if mismatch:
+            raise CheckpointError(f"{checkpoint}: {mismatch}, or a new run directory")
+        saved, current = ({name: value for name, value in fields.items() if name not in SAME_VALUES_EITHER_WAY}
+                          for fields in (saved, dataclasses.asdict(self.model_config)))
+        if saved != current:
+            differing = ", ".join(f"{name} {saved.get(name)!r} there, {current.get(name)!r} here"
+                                  for name in _settings_that_differ(saved, current))
+            raise CheckpointError(f"{checkpoint}: written for another model configuration ({differing}); "
+                                  "set those values to resume, or use a new run directory")
 
     def save(self) -> Path:
         return save_checkpoint(self.checkpoint_root, self.step, self.model, self.optimizer, self._state(), self.env)
