@@ -260,6 +260,39 @@ def test_memory_saving_settings_offer_what_a_run_does_not_use_yet():
             assert setting.removeprefix("moe.").split(":")[0] in SAME_VALUES_EITHER_WAY
 
 
+@pytest.mark.parametrize(("setting", "refusal"), [
+    ({"lr": -1.0}, "lr and grad_clip must be finite numbers > 0, not -1.0 and 1.0"),
+    ({"lr": float("nan")}, "lr and grad_clip must be finite numbers > 0, not nan and 1.0"),
+    ({"grad_clip": 0.0}, "lr and grad_clip must be finite numbers > 0, not 0.003 and 0.0"),
+    ({"log_every": 0}, "log_every must be >= 1, not 0"),
+    ({"warmup_steps": -3}, "warmup_steps must be >= 0, not -3"),
+    ({"eval_batches": -1}, "eval_batches must be >= 0, not -1"),
+    ({"aux_loss_coef": float("nan")}, "aux_loss_coef must be >= 0.0, not nan"),
+    ({"beta2": 1.5}, "min_lr_ratio must be <= 1 (not 0.1) and beta1, beta2 < 1 (not 0.9, 1.5)"),
+])
+def test_a_setting_out_of_range_is_refused_before_training(setting, refusal):
+    """Values that would divide by zero (log_every 0), evaluate nothing (eval_batches -1) or fail
+    inside torch's optimizer (lr -1, NaN) are refused as the config is made, naming the setting."""
+    with pytest.raises(FoldmillError) as error:
+        TrainConfig(**setting)
+    assert str(error.value) == refusal
+
+
+def test_the_by_hand_steps_refuse_values_out_of_range_in_one_line(corpus, tmp_path, capsys, data_dir):
+    """Before: a shard of 0 tokens was written forever (until the disk filled), a batch of 0
+    sequences ended in a traceback, and max-batches -1 evaluated nothing (a loss of NaN)."""
+    out = tmp_path / "c"
+    assert cli_main(["pretrain", "prepare-corpus", str(data_dir / "proteomes/yeast_chr1.fasta"), "-o", str(out),
+                     "--shard-tokens", "0"]) == 2
+    assert capsys.readouterr().err == "foldmill: error: shard_tokens must be >= 1, got 0\n"
+    assert not out.exists() and sorted(tmp_path.iterdir()) == []
+    for option, value, both in (("--batch-size", "0", "0 and 50"), ("--max-batches", "-1", "8 and -1")):
+        assert cli_main(["pretrain", "evaluate", "--corpus", str(corpus), "--checkpoint", str(tmp_path / "run"),
+                         option, value]) == 2
+        assert capsys.readouterr().err == (f"foldmill: error: batch_size must be >= 1 and max_batches >= 0 "
+                                           f"(0: every batch), not {both}\n")
+
+
 def test_a_step_larger_than_the_corpus_is_refused_in_one_line(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli_main(["pretrain", "train", "--corpus", str(corpus), "--run-dir", str(run), "--batch-size", "100000",

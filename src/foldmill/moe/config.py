@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from foldmill.errors import FoldmillError
@@ -166,6 +167,20 @@ class TrainConfig:
             raise FoldmillError(f"peak_tflops must be >= 0 (0: the GPU's spec peak), not {self.peak_tflops}")
         if self.steps < 1 or self.batch_size < 1 or self.gradient_accumulation_steps < 1 or self.seq_len < 2:
             raise FoldmillError("steps, batch_size and gradient_accumulation_steps must be >= 1 and seq_len >= 2")
+        for name, least in LEAST_SETTINGS.items():
+            if not getattr(self, name) >= least:  # `not >=`: NaN fails too
+                raise FoldmillError(f"{name} must be >= {least}, not {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)) or not self.grad_clip > 0:
+            raise FoldmillError(f"lr and grad_clip must be finite numbers > 0, not {self.lr} and {self.grad_clip}")
+        if not (self.min_lr_ratio <= 1 and self.beta1 < 1 and self.beta2 < 1):
+            raise FoldmillError(f"min_lr_ratio must be <= 1 (not {self.min_lr_ratio}) and beta1, beta2 < 1 "
+                                f"(not {self.beta1}, {self.beta2})")
+
+
+# The least value of each TrainConfig setting that has one beyond those __post_init__ names itself;
+# below it a run would divide by zero, evaluate nothing or train backwards.
+LEAST_SETTINGS = {"warmup_steps": 0, "eval_every": 0, "eval_batches": 0, "checkpoint_every": 0, "log_every": 1,
+                  "aux_loss_coef": 0.0, "weight_decay": 0.0, "min_lr_ratio": 0.0, "beta1": 0.0, "beta2": 0.0}
 
 
 def memory_saving_settings(config: TrainConfig) -> list[str]:

@@ -95,6 +95,8 @@ def prepare_corpus(
         raise FoldmillError(f"unknown alphabet {alphabet!r}; choose one of {', '.join(TOKENIZERS)}")
     if not 0.0 <= val_fraction < 1.0:
         raise FoldmillError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if shard_tokens < 1:  # a shard of no tokens would be written forever
+        raise FoldmillError(f"shard_tokens must be >= 1, got {shard_tokens}")
     out_dir = Path(out_dir)
     adopt_earlier(out_dir, COMMAND, _is_earlier_corpus)
     with owned_directory(out_dir, COMMAND) as staging:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from foldmill.errors import CheckpointError, FoldmillError
 from foldmill.moe.data.loader import PackedWindows
 from foldmill.moe.train.distributed import Dist, all_reduce_sum
 from foldmill.moe.train.loss import batch_loss
@@ -40,7 +41,6 @@ def evaluate(
 
 def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_size: int, max_batches: int) -> dict:
     """Load the model of a pretraining checkpoint and evaluate it on the corpus's validation split."""
-    from foldmill.errors import CheckpointError
     from foldmill.moe.config import ModelConfig, TrainConfig
     from foldmill.moe.data.corpus import alphabet_mismatch, load_meta
     from foldmill.moe.model.decoder import MoEDecoder
@@ -48,6 +48,9 @@ def evaluate_checkpoint(corpus_dir: str | Path, checkpoint: str | Path, batch_si
     from foldmill.moe.train.distributed import init_distributed
     from foldmill.moe.train.precision import prepare_parameters
 
+    if batch_size < 1 or max_batches < 0:
+        raise FoldmillError(f"batch_size must be >= 1 and max_batches >= 0 (0: every batch), not {batch_size} "
+                            f"and {max_batches}")
     checkpoint = resolve_checkpoint(checkpoint)
     env = init_distributed()
     state = read_state(checkpoint)
