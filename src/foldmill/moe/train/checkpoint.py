@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from foldmill.errors import CheckpointError
+from foldmill.errors import CheckpointError, one_line
 from foldmill.moe.parallel.sharding import expert_state_to_global, expert_state_to_local
 from foldmill.moe.train.distributed import Dist, barrier, unwrap
 
@@ -137,8 +137,7 @@ def _first_failure(error: BaseException) -> str:
     BaseException whose text holds every rank's traceback: its first rank's error stands for it."""
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]
-    lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return one_line(error)
 
 
 def _masters_by_key(model_state: dict, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
