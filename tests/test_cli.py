@@ -51,6 +51,36 @@ def test_every_subcommand_has_help(capsys) -> None:
         assert printed.out.startswith(f"usage: foldmill {command} ") and printed.err == "", command
 
 
+def test_only_the_command_run_is_imported() -> None:
+    """`foldmill worklist` or `foldmill --help` must not pay seconds for torch, which only the
+    fold, bench and pretrain paths need."""
+    script = (
+        "import sys\n"
+        "from foldmill.cli import main\n"
+        "code = main(['worklist', '/nonexistent/input.fasta', '-o', '/nonexistent/out'])\n"
+        "print(code, sorted(m for m in ('torch', 'foldmill.cli.fold', 'foldmill.cli.bench') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.stdout == "2 []\n", done.stdout + done.stderr
+    listing = run_foldmill("--help")
+    assert listing.returncode == 0 and "  fold " in listing.stdout and "  bench " in listing.stdout, listing.stdout
+
+
+def test_listed_help_is_each_commands_own() -> None:
+    """The help `foldmill --help` reads from a module's source is the help its parser registers."""
+    import argparse
+
+    from foldmill.cli import build_parser
+
+    def helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+        (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return {choice.dest: choice.help for choice in commands._choices_actions}
+
+    listed, registered = helps(build_parser([])), helps(build_parser())
+    assert listed == registered
+    assert registered["worklist"].startswith("build a validated worklist") and all(registered.values())
+
+
 def test_missing_input_is_one_line() -> None:
     done = run_foldmill("worklist", "/nonexistent/input.fasta", "-o", "/tmp/unused")
     assert done.returncode == 2

@@ -3,32 +3,49 @@
 Each subcommand lives in its own module in this package and exposes
 `register(subparsers) -> None`, which adds its parser and sets `handler` (a function taking the
 parsed namespace and returning an exit code). Modules are found automatically, so adding a
-subcommand means adding one file. A `FoldmillError` is printed as one line, exit code 2.
+subcommand means adding one file. The first line of a module's docstring, "`foldmill NAME`: HELP.",
+is the help `foldmill --help` lists. A `FoldmillError` is printed as one line, exit code 2.
+
+Only the subcommand being run is imported: the others are listed from their docstrings, so
+`foldmill worklist` or `foldmill --help` does not pay for importing torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import logging
 import os
 import pkgutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from foldmill import __version__
 from foldmill.errors import FoldmillError
 
 
-def register_modules(package: str, subparsers: argparse._SubParsersAction) -> None:
-    """Import every module of `package` and let it register its subcommand.
+def command_help(doc: str | None) -> str:
+    """A command module's help: its docstring's first line, "`foldmill NAME`: HELP.", less the name."""
+    return (doc or "").split("\n", 1)[0].partition("`: ")[2].rstrip(".")
 
-    A module whose dependencies are not installed (a GPU node without gemmi, say) still gets a
-    subcommand, which says in one line what is missing; the other subcommands keep working.
+
+def register_modules(package: str, subparsers: argparse._SubParsersAction, only: str | None = None) -> None:
+    """Import the modules of `package` and let each register its subcommand.
+
+    With `only`, just the module of that name is imported; the others are listed with their help
+    read from their source, and are never parsed since they were not asked for. A module whose
+    dependencies are not installed (a GPU node without gemmi, say) still gets a subcommand, which
+    says in one line what is missing; the other subcommands keep working.
     """
     module = importlib.import_module(package)
     for info in sorted(pkgutil.iter_modules(module.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
+            continue
+        if only is not None and info.name != only:
+            source = Path(module.__path__[0], f"{info.name}.py").read_text(encoding="utf-8")
+            subparsers.add_parser(info.name, help=command_help(ast.get_docstring(ast.parse(source))))
             continue
         try:
             command = importlib.import_module(f"{package}.{info.name}")
@@ -48,17 +65,20 @@ def _register_unavailable(subparsers: argparse._SubParsersAction, name: str, mis
     parser.set_defaults(handler=refuse, accepts_any_arguments=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: only its subcommand is imported. Without `argv`, every subcommand."""
     parser = argparse.ArgumentParser(prog="foldmill", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"foldmill {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    register_modules("foldmill.cli", subparsers)
+    only = None if argv is None else next((arg for arg in argv if not arg.startswith("-")), "")
+    register_modules("foldmill.cli", subparsers, only)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "accepts_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

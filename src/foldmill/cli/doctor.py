@@ -1,14 +1,15 @@
-"""`foldmill doctor`: print what foldmill found on this machine."""
+"""`foldmill doctor`: print what this machine offers (CUDA, GPU, kernels, Ray, Slurm)."""
 
 from __future__ import annotations
 
 import argparse
 
+from foldmill.cli import command_help
 from foldmill.runtime.doctor import environment_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("doctor", help="print what this machine offers (CUDA, GPU, kernels, Ray, Slurm)")
+    parser = subparsers.add_parser("doctor", help=command_help(__doc__))
     parser.set_defaults(handler=run)
 
 

@@ -1,10 +1,11 @@
-"""`foldmill export`: the passing targets' structures, summary rows, manifest and README in one folder."""
+"""`foldmill export`: export the targets that passed the confidence filters."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.cli.filter import add_threshold_arguments, thresholds_from_args
 from foldmill.io.atomic import refuse_foreign
 from foldmill.outputs.export import COMMAND, ExportOptions, archive_export, export_passing
@@ -14,7 +15,7 @@ from foldmill.outputs.filters import read_filter_result
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="export the targets that passed the confidence filters",
+        help=command_help(__doc__),
         description="Copy the passing targets of FILTER_DIR (passed.tsv, failed.tsv from `foldmill filter`) "
         "into DIR with summary.tsv, README.md and a sha256 manifest.tsv (same as the export rule). "
         "Give the thresholds the filter used, so the README states them. DIR must be new, empty or an earlier "

@@ -1,10 +1,11 @@
-"""`foldmill filter`: apply confidence thresholds to a run summary."""
+"""`foldmill filter`: split a run summary into passed/failed targets by confidence thresholds."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
 from foldmill.io.atomic import refuse_foreign
@@ -53,7 +54,7 @@ def thresholds_from_args(args: argparse.Namespace) -> FilterConfig:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "filter",
-        help="split a run summary into passed/failed targets by confidence thresholds",
+        help=command_help(__doc__),
         description="Write DIR/passed.tsv and DIR/failed.tsv with the reason per target (same as the filter rule, "
         "with the workflow's default thresholds unless --config or --set change them). DIR must be new, empty "
         "or an earlier filter's output.",

@@ -1,12 +1,13 @@
-"""`foldmill fold`: fold targets with the Ray replica executor, outside the workflow.
+"""`foldmill fold`: fold targets (Boltz YAML/FASTA, proteome FASTA, sheets) into OUTDIR/predictions.
 
-Inputs are what `foldmill worklist` reads (Boltz YAML/FASTA, proteome FASTA, target sheets) or,
-with --worklist, a worklist or shard table. MSAs come from each target's own `msa:` (or the
-sequence alone) unless --staged names a workflow run's staged inputs. Settings come from the
-`model:`, `executor:` and `outputs:` sections of a workflow config (--config; config/README.md)
-and the options below, which win. The model is named explicitly: --model CHECKPOINT, or
-model.checkpoint in the config; `--model demo` folds with seeded random weights (a demo, not a
-prediction, and said so at start). A rerun skips targets already written.
+Runs the Ray replica executor outside the workflow. Inputs are what `foldmill worklist` reads
+(Boltz YAML/FASTA, proteome FASTA, target sheets) or, with --worklist, a worklist or shard table.
+MSAs come from each target's own `msa:` (or the sequence alone) unless --staged names a workflow
+run's staged inputs. Settings come from the `model:`, `executor:` and `outputs:` sections of a
+workflow config (--config; config/README.md) and the options below, which win. The model is named
+explicitly: --model CHECKPOINT, or model.checkpoint in the config; `--model demo` folds with seeded
+random weights (a demo, not a prediction, and said so at start). A rerun skips targets already
+written.
 Exit status: 0 every target folded, 1 some failed or were rejected (see OUTDIR/fold/fold.tsv),
 2 unusable input or settings.
 """
@@ -18,6 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.config import load_config, resolve_config
 from foldmill.errors import FoldmillError
 from foldmill.executor.engine import Staging
@@ -35,7 +37,7 @@ EXECUTOR_OPTIONS = {"ray_address": "address", "cpus": "cpus", "cpu_replicas": "c
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "fold",
-        help="fold targets (Boltz YAML/FASTA, proteome FASTA, sheets) into OUTDIR/predictions",
+        help=command_help(__doc__),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

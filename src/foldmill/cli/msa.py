@@ -1,16 +1,17 @@
-"""`foldmill msa`: stage MSAs for a worklist's chains, or inspect one MSA file."""
+"""`foldmill msa`: stage MSAs (parse, check, cache, batched MMseqs2 search)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.msa.parse import DEFAULT_MAX_DEPTH, read_msa
 from foldmill.msa.staging import MODES, MSAStagingConfig, stage_msas
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("msa", help="stage MSAs (parse, check, cache, batched MMseqs2 search)")
+    parser = subparsers.add_parser("msa", help=command_help(__doc__))
     commands = parser.add_subparsers(dest="msa_command", required=True, metavar="COMMAND")
 
     stage = commands.add_parser(

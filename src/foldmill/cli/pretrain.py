@@ -1,4 +1,4 @@
-"""`foldmill pretrain`: MoE language-model pretraining on biological sequences.
+"""`foldmill pretrain`: pretrain mixture-of-experts models on FASTA corpora.
 
   foldmill pretrain prepare-corpus FASTA... -o CORPUS [--alphabet protein|nucleotide]
   foldmill pretrain train --corpus CORPUS --run-dir RUN [--model tiny --expert-backend mxfp8 --steps N ...]
@@ -18,13 +18,14 @@ import os
 import typing
 from collections.abc import Mapping
 
+from foldmill.cli import command_help
 from foldmill.config import defaults
 from foldmill.io.atomic import owned_files
 from foldmill.moe.config import TrainConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("pretrain", help="pretrain mixture-of-experts models on FASTA corpora")
+    parser = subparsers.add_parser("pretrain", help=command_help(__doc__))
     commands = parser.add_subparsers(dest="pretrain_command", required=True, metavar="STEP")
     workflow = defaults("moe")
 

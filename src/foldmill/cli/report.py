@@ -1,10 +1,11 @@
-"""`foldmill report`: the run report (report.html, figures embedded) from the filter tables."""
+"""`foldmill report`: write the run report (one self-contained HTML page) from the filter tables."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.cli.filter import add_threshold_arguments, thresholds_from_args
 from foldmill.io.atomic import refuse_foreign
 from foldmill.outputs.filters import read_filter_result
@@ -14,7 +15,7 @@ from foldmill.outputs.report import COMMAND, write_report
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report",
-        help="write the run report (one self-contained HTML page) from the filter tables",
+        help=command_help(__doc__),
         description="Write DIR/report.html from FILTER_DIR (passed.tsv, failed.tsv from `foldmill filter`), "
         "as the report rule does. Give the thresholds the filter used, so the report states them. "
         "DIR must be new, empty or an earlier report's.",

@@ -1,4 +1,4 @@
-"""`foldmill summary`: one row per target from the fold tables and the predictions they point to."""
+"""`foldmill summary`: summarize a run: status, composition and confidences per target."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.io.atomic import refuse_foreign
 from foldmill.outputs.summary import RunRecords, build_summary, summary_notes, write_summary
 
@@ -13,7 +14,7 @@ from foldmill.outputs.summary import RunRecords, build_summary, summary_notes, w
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "summary",
-        help="summarize a run: status, composition and confidences per target",
+        help=command_help(__doc__),
         description="Read the per-shard fold tables and the worklist and write DIR/summary.tsv and "
         "DIR/summary.parquet (same as the summary rule); DIR must be new, empty or an earlier summary's output. "
         "The worklist's rejects.tsv and the run's staged/ manifests beside it, when present, add the refused "

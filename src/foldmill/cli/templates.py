@@ -1,16 +1,17 @@
-"""`foldmill templates`: stage templates for a worklist, or build a seqres FASTA for template search."""
+"""`foldmill templates`: stage template alignments; build a seqres FASTA."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from foldmill.cli import command_help
 from foldmill.templates.search import structure_files, write_seqres
 from foldmill.templates.staging import TemplateStagingConfig, stage_templates
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("templates", help="stage template alignments; build a seqres FASTA")
+    parser = subparsers.add_parser("templates", help=command_help(__doc__))
     commands = parser.add_subparsers(dest="templates_command", required=True, metavar="COMMAND")
 
     stage = commands.add_parser(

@@ -1,9 +1,10 @@
-"""`foldmill worklist`: validate inputs into a worklist table."""
+"""`foldmill worklist`: build a validated worklist from proteome FASTA, target sheets or Boltz YAML files."""
 
 from __future__ import annotations
 
 import argparse
 
+from foldmill.cli import command_help
 from foldmill.config import defaults
 from foldmill.io.worklist import build_worklist, write_worklist
 
@@ -11,7 +12,7 @@ from foldmill.io.worklist import build_worklist, write_worklist
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "worklist",
-        help="build a validated worklist from proteome FASTA, target sheets or Boltz YAML files",
+        help=command_help(__doc__),
         description="Read proteome FASTA files, target sheets (TSV/CSV) and Boltz YAML/FASTA inputs "
         "(files or directories) and write DIR/worklist.tsv, DIR/worklist.parquet and DIR/unique_chains.tsv.",
     )
