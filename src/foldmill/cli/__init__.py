@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -44,7 +45,7 @@ def register_modules(package: str, subparsers: argparse._SubParsersAction, only:
         if info.name.startswith("_"):
             continue
         if only is not None and info.name != only:
-            source = Path(module.__path__[0], f"{info.name}.py").read_text(encoding="utf-8")
+            source = Path(importlib.util.find_spec(f"{package}.{info.name}").origin).read_text(encoding="utf-8")
             subparsers.add_parser(info.name, help=command_help(ast.get_docstring(ast.parse(source))))
             continue
         try:
