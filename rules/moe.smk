@@ -3,11 +3,12 @@
 
 MOE = config["moe"]
 MOE_DIR = OUTDIR / "moe"
-# TrainConfig fields taken from the config's moe section (the rest keep their defaults).
+# Every TrainConfig field, taken from the config's moe section.
 MOE_TRAIN_KEYS = ("model", "expert_backend", "recompute_experts", "fp8_fast_accumulation", "mxfp8_store_swiglu_input",
                   "keep_weight_copies", "steps", "batch_size", "gradient_accumulation_steps", "seq_len", "lr",
-                  "warmup_steps", "precision", "parallel", "expert_parallel", "checkpoint_every", "eval_batches",
-                  "log_every", "seed", "aux_loss_coef", "peak_tflops", "compile", "cuda_graphs")
+                  "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip", "precision",
+                  "parallel", "expert_parallel", "checkpoint_every", "eval_every", "eval_batches", "log_every", "seed",
+                  "aux_loss_coef", "peak_tflops", "compile", "cuda_graphs")
 # One node: `gpu` GPUs (sbatch --gpus). Several nodes: gres gpu:N per node instead (--gpus counts the whole job).
 MOE_NODES = MOE["nodes"]
 MOE_GPU = MOE["gpus"] if MOE_NODES == 1 else 0

@@ -131,3 +131,15 @@ def test_bench_throughput_side_without_oss_is_one_line(tmp_path, capsys) -> None
     assert main(args) == 2
     stderr = capsys.readouterr().err
     assert stderr == "foldmill: error: --side splits the comparison with OSS: it needs --oss\n", stderr
+
+
+def test_usage_errors_are_one_line_pointing_to_help() -> None:
+    """A mistyped option or value gets one line, not argparse's usage text (30 lines for
+    `foldmill pretrain train`)."""
+    for args, command in ((["pretrain", "train", "--corpus", "c", "--run-dir", "r", "--steps", "x"], "foldmill pretrain train"),
+                          (["worklist"], "foldmill worklist"),
+                          (["nosuch"], "foldmill")):
+        done = run_foldmill(*args)
+        assert done.returncode == 2 and done.stdout == "", args
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"{command}: error: "), done.stderr
+        assert done.stderr.endswith(f"(see {command} --help)\n"), done.stderr

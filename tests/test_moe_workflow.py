@@ -10,8 +10,11 @@ import sys
 def test_demo_prepare_pretrain_evaluate(repo, tmp_path):
     outdir = tmp_path / "results"
     target = outdir / "moe/evaluation.json"
+    # Optimizer settings a user's config adds on top of the demo's reach the training run.
+    optimizer = tmp_path / "optimizer.yaml"
+    optimizer.write_text("moe:\n  grad_clip: 0.5\n  beta2: 0.99\n  weight_decay: 0.0\n  eval_every: 4\n")
     command = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/demo/config.yaml",
-               "--config", f"outdir={outdir}", "--", str(target)]  # fmt: skip
+               str(optimizer), "--config", f"outdir={outdir}", "--", str(target)]  # fmt: skip
     completed = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     evaluation = json.loads(target.read_text())
@@ -21,6 +24,10 @@ def test_demo_prepare_pretrain_evaluate(repo, tmp_path):
     assert 1.0 < evaluation["val_perplexity"] < 29.0  # better than uniform over the 29 tokens
     metrics = (outdir / "moe/run/metrics.jsonl").read_text().splitlines()
     assert len([line for line in metrics if '"loss"' in line]) == 4
+    assert [json.loads(line)["step"] for line in metrics if '"val_loss"' in line] == [4, 8]
+    trained = summary["train_config"]
+    assert (trained["grad_clip"], trained["beta2"], trained["weight_decay"], trained["eval_every"]) == (0.5, 0.99, 0.0, 4)
+    assert (trained["steps"], trained["lr"], trained["beta1"]) == (8, 0.003, 0.9)  # the demo's and the schema's
     for rule in ("moe_prepare_corpus", "moe_pretrain", "moe_evaluate"):
         assert (outdir / "logs" / f"{rule}.log").is_file()
     # rerunning finds nothing to do

@@ -4,7 +4,8 @@ Each subcommand lives in its own module in this package and exposes
 `register(subparsers) -> None`, which adds its parser and sets `handler` (a function taking the
 parsed namespace and returning an exit code). Modules are found automatically, so adding a
 subcommand means adding one file. The first line of a module's docstring, "`foldmill NAME`: HELP.",
-is the help `foldmill --help` lists. A `FoldmillError` is printed as one line, exit code 2.
+is the help `foldmill --help` lists. A `FoldmillError`, like a usage error, is printed as one
+line, exit code 2.
 
 Only the subcommand being run is imported: the others are listed from their docstrings, so
 `foldmill worklist` or `foldmill --help` does not pay for importing torch.
@@ -22,6 +23,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from foldmill import __version__
 from foldmill.errors import FoldmillError
@@ -66,9 +68,18 @@ def _register_unavailable(subparsers: argparse._SubParsersAction, name: str, mis
     parser.set_defaults(handler=refuse, accepts_any_arguments=True)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, with a usage error in one line that points to --help instead of the usage
+    text, which runs to 30 lines for `foldmill pretrain train`. Subcommands' parsers are of this
+    class too (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for `argv`: only its subcommand is imported. Without `argv`, every subcommand."""
-    parser = argparse.ArgumentParser(prog="foldmill", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="foldmill", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"foldmill {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

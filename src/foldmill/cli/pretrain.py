@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 
 from foldmill.cli import command_help
-from foldmill.config import defaults
+from foldmill.config import defaults, section_schema
 from foldmill.io.atomic import owned_files
 from foldmill.moe.config import TrainConfig
 
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train (or resume) a run")
     train.add_argument("--corpus", required=True, help="a directory written by prepare-corpus")
     train.add_argument("--run-dir", required=True, help="metrics.jsonl, checkpoints/ and summary.json go here")
-    add_config_arguments(train, TrainConfig, workflow)
+    add_config_arguments(train, TrainConfig, workflow, section_schema("moe")["properties"])
     train.add_argument("--processes", type=int, default=1, help="processes per node, one per GPU (> 1: torchrun)")
     train.add_argument("--nodes", type=int, default=1, help="nodes of the Slurm job to train on (> 1: srun)")
     train.set_defaults(handler=run_train)
@@ -60,16 +60,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(handler=run_evaluate)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_class: type,
-                         preferred: Mapping[str, object]) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, preferred: Mapping[str, object],
+                         described: Mapping[str, Mapping[str, object]]) -> None:
     """One --option per field of the config dataclass, defaulting to `preferred`'s value of that
-    name where it has one (the workflow config's), else to the field's own default."""
+    name (the workflow config's), its choices and help from `described` (the workflow schema's
+    keys), so `--help` says what the config reference says."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
-        kind = _parse_bool if hints[field.name] is bool else hints[field.name]
-        default = preferred.get(field.name, field.default)
-        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=kind,
-                            default=default, help=f"(default: {default})")
+        key, default = described[field.name], preferred[field.name]
+        is_bool = hints[field.name] is bool
+        shown = str(default).lower() if is_bool else default
+        # argparse %-formats help text.
+        text = f"{key['description']} (default: {shown})".replace("%", "%%")
+        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name,
+                            type=_parse_bool if is_bool else hints[field.name], default=default,
+                            choices=key.get("enum"), metavar="{true,false}" if is_bool else None, help=text)
 
 
 def _parse_bool(text: str) -> bool:
