@@ -45,10 +45,14 @@ rule all:
     default_target: True
 
 
-include: "rules/worklist.smk"
-include: "rules/shards.smk"
-include: "rules/fold.smk"
-include: "rules/msa.smk"
-include: "rules/templates.smk"
-include: "rules/outputs.smk"
+if FOLDING:
+
+    include: "rules/worklist.smk"
+    include: "rules/shards.smk"
+    include: "rules/fold.smk"
+    include: "rules/msa.smk"
+    include: "rules/templates.smk"
+    include: "rules/outputs.smk"
+
+
 include: "rules/moe.smk"

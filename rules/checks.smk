@@ -7,6 +7,6 @@
 from snakemake.exceptions import WorkflowError
 
 from foldmill.errors import FoldmillError
-from foldmill.runtime.slurm_plan import check_plan
+from foldmill.runtime.slurm_plan import check_jobs, check_plan
 
 MODEL_CHECK = OUTDIR / "checks/model.txt"

@@ -4,7 +4,7 @@ import sys
 import time
 from pathlib import Path
 
-from foldmill.config import ConfigError, resolve_config, run_summary
+from foldmill.config import ConfigError, pretrains_only, resolve_config, run_summary
 from foldmill.runtime.slurm_accounting import failure_lines, jobs_from_logs, query_jobs
 from foldmill.runtime.slurm_jobs import slurm_job_resources
 
@@ -19,6 +19,9 @@ if workflow.is_main_process:
     print(run_summary(config), file=sys.stderr)
 
 RUN_STARTED = time.time()
+# A config without inputs runs MoE pretraining alone (foldmill.config.pretrains_only): the
+# Snakefile leaves the folding rules out.
+FOLDING = not pretrains_only(config)
 OUTDIR = Path(config["outdir"])
 LOGDIR = OUTDIR / "logs"
 # Each rule file appends what `rule all` should build.
@@ -63,6 +66,9 @@ def check_slurm_plan():
     (rules/checks.smk). Called by the Snakefile's onstart (Snakemake keeps one onstart handler)."""
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
         try:
+            if not FOLDING:
+                check_jobs(workflow)
+                return
             check_plan(
                 workflow,
                 fold_cpus=FOLD_CPUS,

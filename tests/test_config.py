@@ -101,7 +101,27 @@ def test_no_config_runs_the_demo_and_a_config_gets_nothing_from_it(tmp_path):
     only_outdir = snakemake("-n", "--config", f"outdir={tmp_path}/x")
     assert only_outdir.returncode != 0
     assert only_outdir.stderr.strip().splitlines()[-1] == "foldmill: error: config: missing key 'inputs' " \
-        "(proteome FASTA, target sheets (TSV/CSV) and Boltz YAML/FASTA files)"
+        "(proteome FASTA, target sheets (TSV/CSV) and Boltz YAML/FASTA files to fold; leave the key out and set " \
+        "moe.enabled true to run MoE pretraining alone)"
+
+
+def test_a_config_without_inputs_pretrains_only(tmp_path):
+    """No inputs and moe.enabled: the MoE rules alone, with no fold checkpoint asked for; turned on
+    without a corpus, one line says so. (test_moe_workflow runs such a config for real.)"""
+    corpus = REPO / "config/demo/yeast_chr1.fasta"
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(f"outdir: {tmp_path / 'out'}\nmoe: {{enabled: true, corpus: [{corpus}]}}\n")
+    planned = snakemake("-n", "--configfile", str(config))
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert f"foldmill: no inputs, so no folding; MoE pretraining on; outdir {tmp_path / 'out'}" in planned.stderr
+    jobs = planned.stdout[planned.stdout.index("Job stats"):]
+    assert {"moe_prepare_corpus", "moe_pretrain", "moe_evaluate"} <= set(jobs.split())
+    assert not {"worklist", "check_model", "fold", "stage_msas"} & set(jobs.split()), jobs
+    config.write_text(f"outdir: {tmp_path / 'out'}\nmoe: {{enabled: true}}\n")
+    empty = snakemake("-n", "--configfile", str(config))
+    assert empty.returncode != 0 and "Traceback" not in empty.stderr
+    assert empty.stderr.strip().splitlines()[-1] == ("foldmill: error: config: moe.corpus: empty (pretraining "
+                                                     "(moe.enabled true) needs FASTA files to train on)")
 
 
 def test_checkpoint_is_required(tmp_path):

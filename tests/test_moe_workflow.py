@@ -33,3 +33,19 @@ def test_demo_prepare_pretrain_evaluate(repo, tmp_path):
     # rerunning finds nothing to do
     again = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_config_without_inputs_runs_pretraining_alone(repo, tmp_path):
+    """A user's own config with a corpus and no inputs: `rule all` builds the MoE outputs and
+    nothing of folding, with no Boltz-2 checkpoint given."""
+    outdir = tmp_path / "results"
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(f"outdir: {outdir}\nmoe:\n  enabled: true\n  corpus: [config/demo/yeast_chr1.fasta]\n"
+                      "  model: tiny\n  steps: 2\n  batch_size: 2\n  seq_len: 64\n  precision: fp32\n  gpus: 0\n"
+                      "  eval_batches: 2\n")
+    command = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(config)]
+    completed = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    evaluation = json.loads((outdir / "moe/evaluation.json").read_text())
+    assert evaluation["step"] == 2 and evaluation["model"] == "tiny"
+    assert sorted(path.name for path in outdir.iterdir()) == ["logs", "moe"]

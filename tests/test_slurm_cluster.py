@@ -8,8 +8,9 @@ any staging job, the dry run, the real run through fold, summary and export with
 kills for memory, retried with more and reported with sacct's reason, the config's partition,
 account, QoS, constraint and extra sbatch options reaching sbatch with a command-line
 --set-resources adding to them, CPUs consistent from sbatch to the job step, per-target job lines
-in the summary, and a rerun that does nothing; and a Ray cluster started across the two nodes of
-one allocation (foldmill.runtime.ray_slurm).
+in the summary, and a rerun that does nothing; a config of MoE pretraining alone, refused in one
+line where its pretrain job fits no node, then run; and a Ray cluster started across the two nodes
+of one allocation (foldmill.runtime.ray_slurm).
 """
 
 from __future__ import annotations
@@ -362,6 +363,36 @@ def test_documented_walkthrough_runs_on_slurm_fails_fast_retries_and_reruns(slur
     assert second.returncode == 0, second.stdout + second.stderr
     assert "Nothing to be done" in second.stdout + second.stderr
     assert len(slurm_cluster.jobs()) == job_count
+
+
+def test_pretraining_alone_runs_on_slurm(slurm_cluster, tmp_path):
+    """A config with a corpus and no inputs, run with the Slurm profile: a pretrain job no node can
+    run stops in one line with nothing queued; the fitting one runs the three MoE jobs and nothing
+    of folding."""
+    _checkout(tmp_path)
+    config = tmp_path / "my_pretrain.yaml"
+    run = "snakemake --profile profiles/slurm --configfile my_pretrain.yaml"
+    settings = ("slurm: {partition: cpu, pretrain: {partition: cpu}}\n"
+                "moe: {enabled: true, corpus: [config/demo/yeast_chr1.fasta], model: tiny, steps: 2, batch_size: 2,\n"
+                "      seq_len: 64, precision: fp32, gpus: 0, cpus_per_gpu: CPUS, mem_mb: 2000, runtime_minutes: 10,\n"
+                "      eval_batches: 2}\n")
+    jobs_before = len(slurm_cluster.jobs())
+    config.write_text(settings.replace("CPUS", "8"))
+    too_big = _run_documented(slurm_cluster, tmp_path, run)
+    assert too_big.returncode == 1, too_big.stdout + too_big.stderr
+    assert ("moe_pretrain: asks 8 CPUs per node (largest node: 2) in partition 'cpu': it would stay PENDING "
+            "forever; lower moe.cpus_per_gpu, moe.gpus or moe.mem_mb") in too_big.stderr
+    assert len(slurm_cluster.jobs()) == jobs_before
+
+    config.write_text(settings.replace("CPUS", "1"))
+    done = _run_documented(slurm_cluster, tmp_path, run)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "foldmill: no inputs, so no folding; MoE pretraining on; outdir results" in output
+    assert json.loads((tmp_path / "results/moe/evaluation.json").read_text())["step"] == 2
+    jobs = _run_jobs(slurm_cluster, output)
+    assert Counter(_rule(job) for job in jobs) == {"moe_prepare_corpus": 1, "moe_pretrain": 1, "moe_evaluate": 1}
+    assert {job["JobState"] for job in jobs} == {"COMPLETED"}
 
 
 def test_ray_cluster_spans_both_nodes_of_an_allocation_and_is_stopped(slurm_cluster, ray_probe):

@@ -10,6 +10,9 @@ config as a user gave it into the complete one every rule and command reads:
 3. every default is filled in,
 4. the result is validated.
 
+A config without `inputs` that turns `moe.enabled` on pretrains only: the keys only folding needs
+(FOLDING_KEYS) are not required of it.
+
 Every problem is a ConfigError of one line naming the key. Library dataclasses that mirror a
 section (ModelSettings, ExecutorSettings, ...) are checked against these defaults by
 tests/test_config.py.
@@ -36,6 +39,9 @@ TRUE_WORDS = {"true", "yes", "on"}
 FALSE_WORDS = {"false", "no", "off"}
 NULL_WORDS = {"null", "none", "~"}
 INTEGER = re.compile(r"[+-]?\d+")
+
+# Required keys that only folding reads.
+FOLDING_KEYS = ("inputs", "model.checkpoint")
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +83,20 @@ def resolve_config(config: Mapping[str, Any] | None, where: str = "config", requ
     resolved = _coerce(copy.deepcopy(dict(config)), root)
     _reject_unknown_keys(resolved, root, where, ())
     resolved = _fill_defaults(resolved, root)
+    not_required = FOLDING_KEYS if pretrains_only(resolved) else ()
     errors = [
         error
         for error in jsonschema.Draft202012Validator(root).iter_errors(resolved)
-        if require or error.validator != "required"
+        if error.validator != "required" or (require and _missing_key(error) not in not_required)
     ]
     if errors:
         raise ConfigError(_describe(min(errors, key=lambda error: list(error.absolute_path)), where))
     return resolved
+
+
+def pretrains_only(config: Mapping[str, Any]) -> bool:
+    """Whether a config (defaults filled) runs MoE pretraining alone: it gives no inputs to fold."""
+    return "inputs" not in config and bool(config.get("moe", {}).get("enabled"))
 
 
 def load_config(path: str | Path, require: bool = True) -> dict[str, Any]:
@@ -99,6 +111,8 @@ def load_config(path: str | Path, require: bool = True) -> dict[str, Any]:
 
 def run_summary(config: Mapping[str, Any]) -> str:
     """One line saying what a resolved config will run (printed when a workflow starts)."""
+    if pretrains_only(config):
+        return f"foldmill: no inputs, so no folding; MoE pretraining on; outdir {config['outdir']}"
     model, recipe = config["model"], config["model"]["recipe"]
     weights = "demo (random weights, not real structures)" if model["checkpoint"] == "demo" else model["checkpoint"]
     return (
@@ -177,11 +191,19 @@ def _fill_defaults(value: Any, node: Mapping[str, Any]) -> Any:
     return value
 
 
+def _missing_key(error: jsonschema.ValidationError) -> str:
+    """The dotted key a "required" error is about, e.g. "model.checkpoint"."""
+    missing = next(name for name in error.validator_value if name not in error.instance)
+    return ".".join([*(str(part) for part in error.absolute_path), missing])
+
+
 def _describe(error: jsonschema.ValidationError, where: str) -> str:
     path = ".".join(str(part) for part in error.absolute_path)
     if error.validator == "required":
-        missing = next(name for name in error.validator_value if name not in error.instance)
-        key = f"{path}.{missing}" if path else missing
-        description = error.schema["properties"][missing].get("description", "")
+        key = _missing_key(error)
+        description = error.schema["properties"][key.rsplit(".", 1)[-1]].get("description", "")
         return f"{where}: missing key '{key}'" + (f" ({description})" if description else "")
+    if error.validator == "minItems" and not error.instance:
+        description = error.schema.get("description", "")
+        return f"{where}: {path}: empty" + (f" ({description})" if description else "")
     return f"{where}: {path or 'top level'}: {error.message}"

@@ -53,9 +53,19 @@ def check_plan(workflow: Any, fold_cpus: int, fold_gpus: int, fold_mem_mb: int, 
     `fold_partition`: the config's (slurm.fold.partition), unless --set-resources gives another."""
     if device == "cuda" and fold_gpus == 0:
         raise FoldmillError("model.device is cuda but slurm.gpus_per_node is 0: fold jobs would get no GPU")
-    jobs = [job for job in workflow.dag.needrun_jobs() if not job.is_group() and not job.is_local]
+    jobs = planned_jobs(workflow)
     requests = [job_request(job) for job in jobs]
     if {"shards", "fold"} & {job.rule.name for job in jobs}:
         partition = profile_resource(workflow, "fold", "slurm_partition") or fold_partition or DEFAULT_PARTITION
         requests.append(JobRequest("fold", partition, fold_cpus, fold_mem_mb, fold_gpus, SLURM_KNOBS["fold"]))
     check_requests(requests)
+
+
+def check_jobs(workflow: Any) -> None:
+    """check_plan for a run that folds nothing (MoE pretraining alone): its planned jobs only."""
+    check_requests([job_request(job) for job in planned_jobs(workflow)])
+
+
+def planned_jobs(workflow: Any) -> list[Any]:
+    """The jobs of the run that Slurm will be asked for."""
+    return [job for job in workflow.dag.needrun_jobs() if not job.is_group() and not job.is_local]
