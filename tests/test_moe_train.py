@@ -110,6 +110,30 @@ def test_a_run_says_what_it_trains_as_it_starts(corpus, tmp_path, caplog):
     assert "no MFU (no peak known: moe.peak_tflops)" in caplog.text
 
 
+def test_logged_throughput_leaves_out_validation_and_checkpoints(corpus, tmp_path, monkeypatch):
+    """Validation and checkpoint saves between steps pause training; the tokens/s (and MFU) of the
+    window they fall in count the training steps' time only. Each pause is made 1 s longer here,
+    far above what the window's four tiny CPU steps take."""
+    import time
+
+    for method in ("validate", "save"):
+        real = getattr(Trainer, method)
+
+        def slowed(self, *args, _real=real, **kwargs):
+            time.sleep(1.0)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Trainer, method, slowed)
+    config = TrainConfig(steps=8, batch_size=2, seq_len=32, warmup_steps=1, log_every=4, eval_every=2,
+                         checkpoint_every=2, eval_batches=1)
+    Trainer(corpus, tmp_path, config).fit()
+    windows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = [window["tokens_per_second_per_gpu"] for window in windows if "loss" in window]
+    seconds = [4 * config.batch_size * config.seq_len / rate for rate in rates]
+    # The second window holds the pauses after steps 4 and 6: over 4 s more if they were counted.
+    assert len(seconds) == 2 and seconds[1] < 1.0, seconds
+
+
 def test_attended_fraction_counts_causal_pairs_within_records():
     assert attended_fraction(torch.zeros(3, 7, dtype=torch.int32)) == 1.0
     # Records of 2 and 3 tokens: 3 + 6 of the window's 15 causal pairs.

@@ -311,10 +311,18 @@ class Trainer:
                 window_losses, steps_in_window, self.attended_fractions = [], 0, []
                 _synchronize(env.device)
                 started = time.perf_counter()
-            if config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps:
-                self.metrics.write({"step": self.step, **self.validate()})
-            if config.checkpoint_every and self.step % config.checkpoint_every == 0:
-                self.save()
+            evaluate_now = config.eval_every and self.step % config.eval_every == 0 and self.step < config.steps
+            save_now = config.checkpoint_every and self.step % config.checkpoint_every == 0
+            if evaluate_now or save_now:
+                # Validation and checkpoints pause training: the window's tokens/s and MFU leave them out.
+                _synchronize(env.device)
+                paused = time.perf_counter()
+                if evaluate_now:
+                    self.metrics.write({"step": self.step, **self.validate()})
+                if save_now:
+                    self.save()
+                _synchronize(env.device)
+                started += time.perf_counter() - paused
         checkpoint = latest_checkpoint(self.checkpoint_root)
         if checkpoint is None or not checkpoint.name.endswith(f"{self.step:08d}"):
             checkpoint = self.save()
