@@ -27,12 +27,12 @@ from foldmill.moe.config import TrainConfig
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("pretrain", help=command_help(__doc__))
     commands = parser.add_subparsers(dest="pretrain_command", required=True, metavar="STEP")
-    workflow = defaults("moe")
+    workflow, keys = defaults("moe"), section_schema("moe")["properties"]
 
     prepare = commands.add_parser("prepare-corpus", help="tokenize, pack and shard FASTA files (train/val split)")
     prepare.add_argument("fasta", nargs="+", help="FASTA files (.gz allowed): proteomes, UniRef, genomes")
     prepare.add_argument("-o", "--out", required=True, help="corpus directory")
-    prepare.add_argument("--alphabet", default=workflow["alphabet"], choices=["protein", "nucleotide"],
+    prepare.add_argument("--alphabet", default=workflow["alphabet"], choices=keys["alphabet"]["enum"],
                          help=f"(default: {workflow['alphabet']})")
     prepare.add_argument("--val-fraction", type=float, default=workflow["val_fraction"],
                          help=f"records held out for validation (default: {workflow['val_fraction']})")
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train (or resume) a run")
     train.add_argument("--corpus", required=True, help="a directory written by prepare-corpus")
     train.add_argument("--run-dir", required=True, help="metrics.jsonl, checkpoints/ and summary.json go here")
-    add_config_arguments(train, TrainConfig, workflow, section_schema("moe")["properties"])
+    add_config_arguments(train, TrainConfig, keys)
     train.add_argument("--processes", type=int, default=1, help="processes per node, one per GPU (> 1: torchrun)")
     train.add_argument("--nodes", type=int, default=1, help="nodes of the Slurm job to train on (> 1: srun)")
     train.set_defaults(handler=run_train)
@@ -60,14 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(handler=run_evaluate)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, config_class: type, preferred: Mapping[str, object],
-                         described: Mapping[str, Mapping[str, object]]) -> None:
-    """One --option per field of the config dataclass, defaulting to `preferred`'s value of that
-    name (the workflow config's), its choices and help from `described` (the workflow schema's
-    keys), so `--help` says what the config reference says."""
+def add_config_arguments(parser: argparse.ArgumentParser, config_class: type,
+                         keys: Mapping[str, Mapping[str, object]]) -> None:
+    """One --option per field of the config dataclass, with the default, choices and help of the
+    workflow schema's key of that name (`keys`), so a step run by hand does what the rule does and
+    `--help` says what the config reference says."""
     hints = typing.get_type_hints(config_class)
     for field in dataclasses.fields(config_class):
-        key, default = described[field.name], preferred[field.name]
+        key = keys[field.name]
+        default = key["default"]
         is_bool = hints[field.name] is bool
         shown = str(default).lower() if is_bool else default
         # argparse %-formats help text.
