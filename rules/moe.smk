@@ -3,7 +3,9 @@
 
 MOE = config["moe"]
 MOE_DIR = OUTDIR / "moe"
-# Every TrainConfig field, taken from the config's moe section.
+# Every TrainConfig field, taken from the config's moe section (tests/test_config.py checks the list).
+# Spelled out rather than read from the dataclass: Snakemake compares params as written, order
+# included, and a new order would rerun every finished moe_pretrain.
 MOE_TRAIN_KEYS = ("model", "expert_backend", "recompute_experts", "fp8_fast_accumulation", "mxfp8_store_swiglu_input",
                   "keep_weight_copies", "steps", "batch_size", "gradient_accumulation_steps", "seq_len", "lr",
                   "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip", "precision",
