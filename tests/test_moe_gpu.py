@@ -913,6 +913,24 @@ def test_bench_gives_cublas_workspaces_back_between_rows():
     assert torch.cuda.memory_allocated() == before
 
 
+def test_bench_host_rows_count_the_kernels_an_eager_step_launches():
+    """`--sections host`: per backend, the eager step's GPU and host times and the kernels it
+    launches, of which the Triton ones; the FP8 quantizers and MXFP8 copies are Triton kernels the
+    bf16 step does not launch."""
+    from foldmill.bench.moe import bench_step
+
+    rows = bench_step("tiny", 0, 512, 256, ["grouped", "fp8_rowwise", "mxfp8"], repeats=3, peaks={}, host=True)
+    assert [row["variant"] for row in rows] == ["foldmill grouped", "foldmill fp8_rowwise", "foldmill mxfp8"]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["section"] == "host" and row["ms"] > 0 and row["host_ms"] > 0
+        assert 0 < row["triton_kernels_per_step"] < row["kernels_per_step"]
+    grouped, fp8, mxfp8 = rows
+    assert fp8["triton_kernels_per_step"] > grouped["triton_kernels_per_step"]
+    assert mxfp8["triton_kernels_per_step"] > grouped["triton_kernels_per_step"]
+    assert grouped["speedup_vs_foldmill_grouped"] == 1.0
+
+
 @pytest.mark.parametrize(("backend", "settings"), [("mxfp8", {}), ("mxfp8", {"mxfp8_store_swiglu_input": True}),
                                                    ("fp8_rowwise", {})],
                          ids=["mxfp8", "mxfp8 storing the SwiGLU input", "fp8_rowwise"])

@@ -349,7 +349,7 @@ def test_bench_moe_refuses_unknown_sections_in_one_line(capsys, monkeypatch):
     assert main(register, ["--sections", "step,profle"]) == 2
     error = capsys.readouterr().err
     assert error == ("error: --sections 'step,profle': unknown profle; choose from gemm, layer, step, attention, "
-                     "profile, kernels, quack-tiles\n")
+                     "profile, host, kernels, quack-tiles\n")
     monkeypatch.setattr(moe, "quack_installed", lambda: False)
     assert main(register, ["--sections", "step,quack-tiles"]) == 2
     assert capsys.readouterr().err == "error: --sections quack-tiles needs QuACK: pip install quack-kernels\n"

@@ -16,6 +16,9 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          (bench/_attention.py)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
+  host   (not in the defaults) foldmill's step per backend launched from Python, as runs of several
+         GPUs launch it: its GPU time beside the host's time to issue it, and the kernels and Triton
+         kernels it launches
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
          copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
          with the bytes they move per second (bench/_moe_kernels.py)
@@ -59,7 +62,7 @@ from foldmill.moe.experts import GEMM_PRECISION
 from foldmill.moe.experts.quack_fused import quack_installed
 from foldmill.moe.kernels.flash_attention_4 import flash_attention_4_installed
 from foldmill.moe.train.metrics import spec_peaks
-from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms
+from foldmill.runtime.timing import cuda_graph_median_ms, cuda_median_ms, host_median_ms
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="results/bench/moe", help="directory for moe_bench.json and moe_bench.md")
     parser.add_argument("--sections", default="gemm,layer,step,attention",
                         help="comma-separated: gemm, layer, step, attention (one layer's attention per "
-                             "implementation), profile (kernel time by category per step), "
+                             "implementation), profile (kernel time by category per step), host (host time "
+                             "to launch a step from Python), "
                              "kernels (SwiGLU and 8-bit copy kernels alone), quack-tiles (tile configurations of "
                              "the quack backend's GEMMs)")
     parser.add_argument("--layer-shapes", default="mixtral_8x7b_layer,bio_8x1b", help="model configs for the layer section")
@@ -266,6 +270,26 @@ def kernel_times(step: Callable[[], None], steps: int = 3) -> list[dict]:
             launches[event.name] += 1
     return [{"kernel": name, "category": kernel_category(name), "ms": round(total, 4),
              "launches_per_step": launches[name] / steps} for name, total in ms.most_common()]
+
+
+def triton_launches(step: Callable[[], None]) -> int:
+    """Triton kernels one call of step() launches: each costs the host about twice a torch kernel's
+    launch (docs/benchmarks/moe.md)."""
+    import triton
+
+    launches = 0
+
+    def count(_metadata: object) -> None:
+        nonlocal launches
+        launches += 1
+
+    triton.knobs.runtime.launch_enter_hook.add(count)
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(count)
+    return launches
 
 
 def ms_by_category(kernels: list[dict]) -> dict[str, float]:
@@ -573,10 +597,11 @@ def add_speedups(results: list[dict]) -> None:
 
 def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list[str], repeats: int,
                peaks: dict[str, float], captured_only: bool = False, profile: bool = False,
-               vocab_size: int = 0, micro_batches: int = 1) -> list[dict]:
+               host: bool = False, vocab_size: int = 0, micro_batches: int = 1) -> list[dict]:
     """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches,
     wider models, accumulated gradients); `profile`: instead, each backend's captured step's GPU time
-    per kernel category; `layers`, `vocab_size`: overrides of the named config's (0 keeps its own);
+    per kernel category; `host`: instead, each backend's step launched from Python, its GPU time beside
+    its host's; `layers`, `vocab_size`: overrides of the named config's (0 keeps its own);
     `micro_batches`: forward and backward passes of `tokens` each per optimizer step, their gradients
     summed (moe.gradient_accumulation_steps), for every row."""
     from transformers import MixtralForCausalLM
@@ -721,6 +746,19 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             results.append({"section": "profile", "shape": label, "variant": f"{variant}: {category}",
                             "ms": round(ms, 2)})
 
+    def host_row(backend: str) -> None:
+        def measure() -> dict:
+            model, hf, masters = foldmill_model(backend)()
+            step = train_step_fn(model, hf, masked=False, graphed=False, torch_optimizer=False, masters=masters)
+            ms = cuda_median_ms(step, repeats, warmup=3)
+            kernels = kernel_times(step, steps=1)
+            return {"ms": round(ms, 2), "host_ms": round(host_median_ms(step, repeats), 2),
+                    "kernels_per_step": round(sum(kernel["launches_per_step"] for kernel in kernels)),
+                    "triton_kernels_per_step": triton_launches(step)}
+
+        # Named as the step section's rows launched from Python, so speedup_vs_foldmill_grouped compares them.
+        _guarded(results, {"section": "host", "shape": label, "variant": f"foldmill {backend}"}, measure)
+
     def flash_attention_4_rows() -> None:
         """The captured bf16 step with FlashAttention 4's attention (ModelConfig.attention), where installed."""
         if not flash_attention_4_installed():
@@ -735,6 +773,11 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             profile_rows(backend)
         for backend in backends:
             profile_rows(backend, recipe="bf16-mixed")
+        return results
+    if host:
+        for backend in backends:
+            host_row(backend)
+        add_speedups(results)
         return results
     for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):
         row(f"HF {implementation}", hf_model(implementation), "bf16")
@@ -872,7 +915,7 @@ def _graphed_rows(section: str, shape: str, cases: list, rate: Callable[[object,
 def markdown_table(rows: list[dict]) -> str:
     columns = ["section", "shape", "variant", "ms", "tokens_per_s", "tflops", "gb_per_s", "precision", "mfu_spec", "mfu_bf16_spec",
                "mfu_measured", "speedup_vs_eager", "speedup_vs_grouped_mm", "speedup_vs_foldmill_grouped",
-               "activation_gib", "peak_memory_gib", "rel_error_vs_fp32", "rel_grad_error_vs_fp32", "rel_diff_vs_hf_eager",
+               "activation_gib", "peak_memory_gib", "host_ms", "kernels_per_step", "triton_kernels_per_step", "rel_error_vs_fp32", "rel_grad_error_vs_fp32", "rel_diff_vs_hf_eager",
                "error"]
     used = [c for c in columns if any(c in r for r in rows)]
     lines = ["| " + " | ".join(used) + " |", "|" + "---|" * len(used)]
@@ -890,7 +933,7 @@ def report_header(device_name: str, peaks: dict[str, float], contenders: dict[st
             f"the bf16 spec peak.\n\nOptional libraries: {libraries}\n\n")
 
 
-SECTIONS = ("gemm", "layer", "step", "attention", "profile", "kernels", "quack-tiles")
+SECTIONS = ("gemm", "layer", "step", "attention", "profile", "host", "kernels", "quack-tiles")
 
 
 def parse_sections(text: str) -> set[str]:
@@ -966,6 +1009,10 @@ def run(args: argparse.Namespace) -> int:
     if "profile" in sections:
         rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
                            profile=True)
+        save()
+    if "host" in sections:
+        rows += bench_step(args.step_model, args.step_layers, args.tokens, args.seq_len, backends, args.repeats, peaks,
+                           host=True)
         save()
     if "kernels" in sections:
         for name in filter(None, (args.step_model, args.wide_step_model)):

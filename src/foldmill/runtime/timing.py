@@ -1,8 +1,10 @@
-"""GPU timing for benchmarks: CUDA events around each call, median over repeats."""
+"""GPU timing for benchmarks: CUDA events around each call, median over repeats; and the host's time
+to issue a call."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -38,3 +40,18 @@ def cuda_graph_median_ms(fn: Callable[[], object], calls: int = 20, replays: int
         for _ in range(calls):
             fn()
     return cuda_median_ms(graph.replay, replays, warmup=1) / calls
+
+
+def host_median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds until fn() returns, each call starting on an idle GPU: the host's time to
+    issue its kernels. Beside cuda_median_ms's GPU time it says whether a call is bound by its host."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
