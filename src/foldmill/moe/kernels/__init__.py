@@ -17,6 +17,7 @@ routing.py         the dropless routing plan (each slot's row in the expert-sort
 router.py          the router's top-k softmax: weights, experts and load-balancing sums, one launch each way
 router_logits.py   the router's float32 logits x @ w.T and both gradients, FMAs at memory speed, one launch each way
 grad_norm.py       float32 sum of squares of many tensors in one launch (the clipping norm)
+grid.py            the host code's grid arithmetic in plain Python (Triton's costs the host more)
 """
 
 from __future__ import annotations

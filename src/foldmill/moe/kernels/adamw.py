@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv
+
 
 @triton.jit
 def _adamw_kernel(param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, step_ptr, grad_scale_ptr, rounded_ptr, numel, lr,
@@ -54,7 +56,7 @@ def adamw_step_triton(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     are float32 scalars on the device. `rounded`: a lower-precision tensor that also receives the
     updated values (the bf16 weight of a float32 master)."""
     numel = param.numel()
-    _adamw_kernel[(triton.cdiv(numel, _BLOCK),)](param, grad, exp_avg, exp_avg_sq, step, grad_scale,
+    _adamw_kernel[(cdiv(numel, _BLOCK),)](param, grad, exp_avg, exp_avg_sq, step, grad_scale,
                                                  param if rounded is None else rounded, numel, lr, beta1, beta2,
                                                  eps, weight_decay, BLOCK=_BLOCK, WRITE_ROUNDED=rounded is not None,
                                                  num_warps=4)

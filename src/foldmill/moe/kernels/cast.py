@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv
+
 
 @triton.jit
 def _upcast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
@@ -31,7 +33,7 @@ def upcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return t.to(dtype)
     out = torch.empty_like(t, dtype=dtype)
     if t.numel():
-        _upcast_kernel[(triton.cdiv(t.numel(), _BLOCK),)](t, out, t.numel(), BLOCK=_BLOCK, num_warps=_WARPS)
+        _upcast_kernel[(cdiv(t.numel(), _BLOCK),)](t, out, t.numel(), BLOCK=_BLOCK, num_warps=_WARPS)
     return out
 
 

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _scale_of(amax):
@@ -45,7 +47,7 @@ def quantize_rowwise_triton(values: torch.Tensor) -> tuple[torch.Tensor, torch.T
     rows = values.numel() // cols
     data = torch.empty(values.shape, dtype=torch.float8_e4m3fn, device=values.device)
     scale = torch.empty(values.shape[:-1], dtype=torch.float32, device=values.device)
-    _rowwise_kernel[(rows,)](values, data, scale, cols, BLOCK=min(triton.next_power_of_2(cols), 2048), num_warps=4)
+    _rowwise_kernel[(rows,)](values, data, scale, cols, BLOCK=min(next_power_of_2(cols), 2048), num_warps=4)
     return data, scale
 
 
@@ -209,16 +211,16 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     sub = math.gcd(group_rows, _SUB) if group_rows else _SUB
     rows, cols = values.shape
     groups = ends.shape[0]
-    partials = triton.cdiv(cols, _MAXIMA_BLOCK_C)
+    partials = cdiv(cols, _MAXIMA_BLOCK_C)
     row_partial = torch.empty((partials, rows), dtype=torch.float32, device=values.device)
-    col_partial = torch.empty((triton.cdiv(rows, sub), cols), dtype=values.dtype, device=values.device)
-    _tile_maxima_kernel[(triton.cdiv(rows, _MAXIMA_BLOCK_R), partials)](
+    col_partial = torch.empty((cdiv(rows, sub), cols), dtype=values.dtype, device=values.device)
+    _tile_maxima_kernel[(cdiv(rows, _MAXIMA_BLOCK_R), partials)](
         values, row_partial, col_partial, ends, groups, rows, cols, values.stride(0), SUBS=_MAXIMA_BLOCK_R // sub,
         SUB=sub, BLOCK_C=_MAXIMA_BLOCK_C, num_warps=_MAXIMA_WARPS)
     with_rows = rowwise is not None
     row_data, row_scale = rowwise if with_rows else (data, scale)
-    col_blocks = triton.cdiv(cols, _GROUP_BLOCK_C)
-    row_blocks = triton.cdiv(rows, _ROW_BLOCK_R) if with_rows else 0
+    col_blocks = cdiv(cols, _GROUP_BLOCK_C)
+    row_blocks = cdiv(rows, _ROW_BLOCK_R) if with_rows else 0
     _scales_kernel[(col_blocks * groups + row_blocks,)](
         col_partial, row_partial, ends, scale, row_scale, groups, rows, cols, partials, col_blocks,
         ROWWISE=with_rows, BLOCK_S=_GROUP_BLOCK_S, BLOCK_C=_GROUP_BLOCK_C, SUB=sub, BLOCK_P=_ROW_BLOCK_P,
@@ -228,10 +230,10 @@ def _quantize_group_columns(values: torch.Tensor, ends: torch.Tensor, data: torc
     use_tma = rows > 0 and blocks.shape[-1] % 16 == 0
     data_desc = TensorDescriptor.from_tensor(blocks, [1, _CAST_BLOCK_C, _CAST_BLOCK_R]) if use_tma else None
     out_group_shift = (cols - 1) * group_rows  # block g starts at g * cols * group_rows, its rows at g * group_rows
-    _cast_kernel[(triton.cdiv(rows, _CAST_BLOCK_R), triton.cdiv(cols, _CAST_BLOCK_C))](
+    _cast_kernel[(cdiv(rows, _CAST_BLOCK_R), cdiv(cols, _CAST_BLOCK_C))](
         values, ends, scale, data, data_desc, row_data, row_scale, groups, cols, values.stride(0),
         group_rows or rows, out_group_shift, group_rows, ROWWISE=with_rows, TMA=use_tma,
-        BLOCK_R=_CAST_BLOCK_R, BLOCK_C=_CAST_BLOCK_C, GROUPS=triton.next_power_of_2(groups),
+        BLOCK_R=_CAST_BLOCK_R, BLOCK_C=_CAST_BLOCK_C, GROUPS=next_power_of_2(groups),
         num_warps=_CAST_WARPS if use_tma else _CAST_POINTER_WARPS, num_stages=1)
 
 

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _sum_of_squares_kernel(addresses_ptr, chunk_starts_ptr, numels_ptr, partials_ptr, first_ptr, tensors,
@@ -68,11 +70,11 @@ def sum_of_squares_triton(tensors: list[torch.Tensor]) -> torch.Tensor:
         if tensor.numel():
             by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for group in by_dtype.values():
-        chunks = [triton.cdiv(tensor.numel(), _CHUNK) for tensor in group]
+        chunks = [cdiv(tensor.numel(), _CHUNK) for tensor in group]
         table = _tensor_table(group, chunks, device)
         partials = torch.empty(sum(chunks), dtype=torch.float32, device=device)
         _sum_of_squares_kernel[(partials.numel(),)](
             table[0], table[1], table[2], partials, group[0], len(group), CHUNK=_CHUNK, BLOCK=_BLOCK,
-            TENSORS_BLOCK=max(triton.next_power_of_2(len(group)), 2), num_warps=_WARPS)
+            TENSORS_BLOCK=max(next_power_of_2(len(group)), 2), num_warps=_WARPS)
         total += partials.sum()
     return total

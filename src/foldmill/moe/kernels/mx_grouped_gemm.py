@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from foldmill.moe.kernels import compute_capability
+from foldmill.moe.kernels.grid import cdiv
 from foldmill.moe.kernels.mx_quant import scale_factor
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
@@ -169,8 +170,8 @@ def mx_grouped_mm_triton(a: MXTensor, b: MXTensor, ends: torch.Tensor, out_dtype
     out = torch.empty((rows, n), dtype=out_dtype, device=a.data.device)
 
     def grid(meta):
-        max_m_tiles = triton.cdiv(rows, meta["BLOCK_M"]) + experts
-        return (max_m_tiles * triton.cdiv(n, meta["BLOCK_N"]),)
+        max_m_tiles = cdiv(rows, meta["BLOCK_M"]) + experts
+        return (max_m_tiles * cdiv(n, meta["BLOCK_N"]),)
 
     _grouped_forward_kernel[grid](
         _descriptor(a.data), block_major(a.scale), _descriptor(b.data.reshape(experts * n, k)), block_major(b.scale),
@@ -188,7 +189,7 @@ def mx_grouped_mm_wgrad_triton(a: MXTensor, b: MXTensor, ends: torch.Tensor, out
     out = torch.empty((experts, n, k), dtype=out_dtype, device=a.data.device)
 
     def grid(meta):
-        return (triton.cdiv(n, meta["BLOCK_M"]) * triton.cdiv(k, meta["BLOCK_N"]), experts)
+        return (cdiv(n, meta["BLOCK_M"]) * cdiv(k, meta["BLOCK_N"]), experts)
 
     _grouped_wgrad_kernel[grid](_descriptor(a.data), block_major(a.scale), _descriptor(b.data), block_major(b.scale),
                                 out, ends, n, k, MMA_MODE=mma_mode(a.data))

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
 
@@ -144,7 +145,7 @@ def quantize_mx_triton(values: torch.Tensor) -> MXTensor:
     data = torch.empty(view.shape, dtype=torch.float8_e4m3fn, device=values.device)
     scale = torch.empty((batches, rows, cols // BLOCK), dtype=torch.uint8, device=values.device)
     block_r, block_c = 32, 128
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), batches)
+    grid = (cdiv(rows, block_r), cdiv(cols, block_c), batches)
     _quantize_kernel[grid](view, data, scale, rows, cols, *view.stride(), BLOCK_R=block_r, BLOCK_C=block_c,
                            num_warps=4)
     if values.dim() == 2:
@@ -245,7 +246,7 @@ def mx_round_trip_triton(
         block_c, warps = _BOTH_WAYS_BLOCK_C, _BOTH_WAYS_WARPS
     else:
         block_c, warps = _INPUT_BLOCK_C, _INPUT_WARPS
-    grid = (triton.cdiv(rows, 32), triton.cdiv(cols, block_c), batches)
+    grid = (cdiv(rows, 32), cdiv(cols, block_c), batches)
     placeholder = view
     _dual_kernel[grid](
         view, by_cols if along_cols else placeholder, by_rows if along_rows else placeholder,
@@ -284,6 +285,6 @@ def dequantize_along_rows_triton(mx: MXTensor, dtype: torch.dtype) -> torch.Tens
     data, scale = mx.data.transpose(-2, -1), mx.scale.transpose(-2, -1)
     rows, cols = data.shape
     out = torch.empty((rows, cols), dtype=dtype, device=data.device)
-    grid = (triton.cdiv(rows, 32), triton.cdiv(cols, _DEQUANT_BLOCK_C), 1)
+    grid = (cdiv(rows, 32), cdiv(cols, _DEQUANT_BLOCK_C), 1)
     _dequantize_rows_kernel[grid](data, scale, out, rows, cols, BLOCK_C=_DEQUANT_BLOCK_C, num_warps=_DEQUANT_WARPS)
     return out

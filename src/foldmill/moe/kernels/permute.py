@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _permute_kernel(
@@ -39,7 +41,7 @@ def _sum_rows_kernel(src_ptr, index_ptr, out_ptr, hidden, TOP_K: tl.constexpr, B
 
 
 def _block_h(hidden: int) -> int:
-    return min(triton.next_power_of_2(hidden), 1024)
+    return min(next_power_of_2(hidden), 1024)
 
 
 def permute_rows_triton(
@@ -50,7 +52,7 @@ def permute_rows_triton(
     rows = torch.empty((rows_count, hidden), dtype=source.dtype, device=source.device)
     row_probs = None if probs is None else torch.empty(rows_count, dtype=torch.float32, device=source.device)
     block = _block_h(hidden)
-    grid = (rows_count, triton.cdiv(hidden, block))
+    grid = (rows_count, cdiv(hidden, block))
     flat_probs = probs.reshape(-1).contiguous() if probs is not None else rows
     _permute_kernel[grid](source, source_slots, flat_probs, rows, row_probs if probs is not None else rows, hidden,
                           TOP_K=top_k, HAS_PROBS=probs is not None, BLOCK_H=block, num_warps=4)
@@ -63,6 +65,6 @@ def sum_rows_triton(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     hidden = source.shape[1]
     out = torch.empty((tokens, hidden), dtype=source.dtype, device=source.device)
     block = _block_h(hidden)
-    _sum_rows_kernel[(tokens, triton.cdiv(hidden, block))](source, index, out, hidden, TOP_K=top_k, BLOCK_H=block,
+    _sum_rows_kernel[(tokens, cdiv(hidden, block))](source, index, out, hidden, TOP_K=top_k, BLOCK_H=block,
                                                            num_warps=4)
     return out

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 # Rows per backward program: each keeps a float32 partial of the weight gradient over its rows
 # (at 8,192 rows 512 programs, whose partials are summed by torch).
 _BACKWARD_ROWS = 16
@@ -79,7 +81,7 @@ class AddRMSNorm(torch.autograd.Function):
         rows = x2.shape[0]
         h, y = torch.empty_like(x2), torch.empty_like(x2)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-        block_c = triton.next_power_of_2(cols)
+        block_c = next_power_of_2(cols)
         _add_rms_norm_forward_kernel[(rows,)](x2, delta2, weight, h, y, rstd, cols, eps, BLOCK_C=block_c,
                                               num_warps=_warps(block_c))
         ctx.save_for_backward(h, weight, rstd)
@@ -97,8 +99,8 @@ class AddRMSNorm(torch.autograd.Function):
         if grad_h is not None:
             grad_h = grad_h.reshape(rows, cols).contiguous()
         dx = torch.empty_like(h)
-        programs = triton.cdiv(rows, _BACKWARD_ROWS)
-        block_c = triton.next_power_of_2(cols)
+        programs = cdiv(rows, _BACKWARD_ROWS)
+        block_c = next_power_of_2(cols)
         dw_partial = torch.empty(programs, cols, device=h.device, dtype=torch.float32)
         _add_rms_norm_backward_kernel[(programs,)](
             grad_y, grad_h if grad_h is not None else grad_y, h, weight, rstd, dx, dw_partial, rows, cols,

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import next_power_of_2
+
 
 @triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, seq, heads, cos_stride_b, SIGN: tl.constexpr,
@@ -40,7 +42,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
     out = torch.empty_like(x)
     cos_stride_b = cos.stride(0) if cos.dim() == 3 else 0
     _rope_kernel[(batch * seq,)](x, cos, sin, out, seq, heads, cos_stride_b, SIGN=sign,
-                                 BLOCK_H=triton.next_power_of_2(heads), HALF=head_dim // 2, num_warps=4)
+                                 BLOCK_H=next_power_of_2(heads), HALF=head_dim // 2, num_warps=4)
     return out
 
 

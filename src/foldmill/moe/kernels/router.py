@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _token_block(pid, tokens, num_experts, TOP_K: tl.constexpr, K_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
@@ -107,8 +109,8 @@ _BLOCK_T, _WARPS = 64, 4
 
 
 def _constants(num_experts: int, top_k: int) -> dict:
-    return {"TOP_K": top_k, "K_BLOCK": max(triton.next_power_of_2(top_k), 2),
-            "E_BLOCK": max(triton.next_power_of_2(num_experts), 2), "BLOCK_T": _BLOCK_T}
+    return {"TOP_K": top_k, "K_BLOCK": max(next_power_of_2(top_k), 2),
+            "E_BLOCK": max(next_power_of_2(num_experts), 2), "BLOCK_T": _BLOCK_T}
 
 
 class TopKSoftmax(torch.autograd.Function):
@@ -120,7 +122,7 @@ class TopKSoftmax(torch.autograd.Function):
         logits = logits.contiguous()
         tokens, num_experts = logits.shape
         constants = _constants(num_experts, top_k)
-        grid = (triton.cdiv(tokens, _BLOCK_T),)
+        grid = (cdiv(tokens, _BLOCK_T),)
         probs = torch.empty_like(logits)
         weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
         experts = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
@@ -144,7 +146,7 @@ class TopKSoftmax(torch.autograd.Function):
         else:
             grad_prob_sums = grad_sums[0].contiguous()
         grad_logits = torch.empty_like(probs)
-        _top_k_softmax_backward_kernel[(triton.cdiv(tokens, _BLOCK_T),)](
+        _top_k_softmax_backward_kernel[(cdiv(tokens, _BLOCK_T),)](
             probs, weights, experts, grad_weights.contiguous(), grad_prob_sums, grad_logits, tokens, num_experts,
             **_constants(num_experts, ctx.top_k), num_warps=_WARPS)
         return grad_logits, None

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _router_logits_kernel(x_ptr, w_ptr, logits_ptr, tokens, hidden, num_experts, E_BLOCK: tl.constexpr,
@@ -93,7 +95,7 @@ _BACKWARD_WARPS, _BACKWARD_BLOCK_T, _TOKEN_BLOCKS = 1, 256, 32
 
 
 def _expert_block(num_experts: int) -> int:
-    return max(triton.next_power_of_2(num_experts), 2)
+    return max(next_power_of_2(num_experts), 2)
 
 
 def _forward_constants(num_experts: int) -> dict:
@@ -104,7 +106,7 @@ def _forward_constants(num_experts: int) -> dict:
 def _backward_constants(tokens: int, num_experts: int) -> dict:
     e_block = _expert_block(num_experts)
     sub_t = max(64 // e_block, 2)
-    block_t = max(sub_t, min(_BACKWARD_BLOCK_T, triton.next_power_of_2(triton.cdiv(tokens, _TOKEN_BLOCKS))))
+    block_t = max(sub_t, min(_BACKWARD_BLOCK_T, next_power_of_2(cdiv(tokens, _TOKEN_BLOCKS))))
     return {"E_BLOCK": e_block, "BLOCK_T": block_t, "SUB_T": sub_t, "BLOCK_K": _BLOCK_K}
 
 
@@ -117,7 +119,7 @@ class RouterLogits(torch.autograd.Function):
         (tokens, hidden), num_experts = x.shape, weight.shape[0]
         constants = _forward_constants(num_experts)
         logits = torch.empty(tokens, num_experts, dtype=x.dtype, device=x.device)
-        _router_logits_kernel[(triton.cdiv(tokens, constants["BLOCK_T"]),)](
+        _router_logits_kernel[(cdiv(tokens, constants["BLOCK_T"]),)](
             x, weight, logits, tokens, hidden, num_experts, **constants, num_warps=_WARPS)
         ctx.save_for_backward(x, weight)
         return logits
@@ -127,10 +129,10 @@ class RouterLogits(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         (tokens, hidden), num_experts = x.shape, weight.shape[0]
         constants = _backward_constants(tokens, num_experts)
-        token_blocks = triton.cdiv(tokens, constants["BLOCK_T"])
+        token_blocks = cdiv(tokens, constants["BLOCK_T"])
         grad_x = torch.empty_like(x)
         partials = torch.empty(token_blocks, num_experts, hidden, dtype=x.dtype, device=x.device)
-        _router_logits_backward_kernel[(token_blocks, triton.cdiv(hidden, _BLOCK_K))](
+        _router_logits_backward_kernel[(token_blocks, cdiv(hidden, _BLOCK_K))](
             x, weight, grad.contiguous(), grad_x, partials, tokens, hidden, num_experts, **constants,
             num_warps=_BACKWARD_WARPS)
         return grad_x, partials.sum(dim=0)

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv, next_power_of_2
+
 
 @triton.jit
 def _chunk_counts_kernel(index_ptr, chunk_counts_ptr, slots, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
@@ -79,11 +81,11 @@ def plan_routing_triton(flat: torch.Tensor, num_experts: int, pad_multiple: int,
     """(slot_rows, source_slots, padded group ends int32, tokens per expert int64) for the flat
     expert index of every slot, as experts/routing.plan_routing makes them; None where the chunk
     table would be too large for one program (the torch plan then runs)."""
-    e_block = max(triton.next_power_of_2(num_experts), 2)
+    e_block = max(next_power_of_2(num_experts), 2)
     chunk = max(_TILE // e_block, 16)
     slots = flat.numel()
-    chunks = triton.cdiv(slots, chunk)
-    chunks_block = max(triton.next_power_of_2(chunks), 2)
+    chunks = cdiv(slots, chunk)
+    chunks_block = max(next_power_of_2(chunks), 2)
     if slots == 0 or chunks_block * e_block > _TILE:
         return None
     device = flat.device
@@ -94,7 +96,7 @@ def plan_routing_triton(flat: torch.Tensor, num_experts: int, pad_multiple: int,
     source_slots = torch.empty(capacity, dtype=torch.int64, device=device)
     flat = flat.contiguous()
     _chunk_counts_kernel[(chunks,)](flat, chunk_counts, slots, E_BLOCK=e_block, CHUNK=chunk, num_warps=_WARPS)
-    fill_rows = triton.cdiv(triton.cdiv(capacity, chunks), chunk) * chunk
+    fill_rows = cdiv(cdiv(capacity, chunks), chunk) * chunk
     _place_kernel[(chunks,)](flat, chunk_counts, counts, ends, slot_rows, source_slots, slots, capacity, chunks,
                              num_experts, fill_rows, PAD=pad_multiple, NONEMPTY=nonempty_groups, E_BLOCK=e_block,
                              CHUNK=chunk, CHUNKS_BLOCK=chunks_block, num_warps=_WARPS)

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from foldmill.moe.kernels.grid import cdiv
 from foldmill.moe.kernels.mx_quant import load_mx_tile, require_blocks, store_mx_tile, store_round_trip
 from foldmill.moe.quant.mx import BLOCK, MXTensor
 
@@ -146,7 +147,7 @@ def swiglu_forward_triton(h: torch.Tensor, row_probs: torch.Tensor) -> torch.Ten
     h = h.contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
     a = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
-    grid = (triton.cdiv(rows, 32), triton.cdiv(ffn, 128))
+    grid = (cdiv(rows, 32), cdiv(ffn, 128))
     _swiglu_forward_kernel[grid](h, h, row_probs.contiguous(), a, a, a, a, a, a, rows, ffn, H_MX=False,
                                  ALONG_COLS_VALUES=False, ALONG_ROWS_VALUES=False, ALONG_ROWS_MX=False,
                                  STORE_H_MX=False, BLOCK_R=32, BLOCK_F=128, num_warps=4)
@@ -171,7 +172,7 @@ def swiglu_forward_mx_triton(
         data = torch.empty((rows, ffn), dtype=torch.float8_e4m3fn, device=h.device)
         scale = torch.empty((rows // BLOCK, ffn), dtype=torch.uint8, device=h.device)
         outputs = {"data_ptr": data, "scale_ptr": scale, "h_data_ptr": values, "h_scales_ptr": values}
-    grid = (rows // 32, triton.cdiv(ffn, _MX_FORWARD_BLOCK_F))
+    grid = (rows // 32, cdiv(ffn, _MX_FORWARD_BLOCK_F))
     _swiglu_forward_kernel[grid](h, h, row_probs.contiguous(), values, values, **outputs, rows=rows, ffn=ffn,
                                  H_MX=False, ALONG_COLS_VALUES=True, ALONG_ROWS_VALUES=False,
                                  ALONG_ROWS_MX=not store_input, STORE_H_MX=store_input, BLOCK_R=32,
@@ -187,7 +188,7 @@ def swiglu_along_rows_from_stored_triton(
     rows, ffn = h.data.shape[0], h.data.shape[1] // 2
     require_blocks((rows, ffn), blocks_along_rows=True)
     by_rows = torch.empty((rows, ffn), dtype=dtype, device=h.data.device)
-    grid = (rows // 32, triton.cdiv(ffn, _MX_FORWARD_BLOCK_F))
+    grid = (rows // 32, cdiv(ffn, _MX_FORWARD_BLOCK_F))
     _swiglu_forward_kernel[grid](h.data, h.scale, row_probs.contiguous(), by_rows, by_rows, by_rows, by_rows,
                                  by_rows, by_rows, rows, ffn, H_MX=True, ALONG_COLS_VALUES=False,
                                  ALONG_ROWS_VALUES=True, ALONG_ROWS_MX=False, STORE_H_MX=False, BLOCK_R=32,
@@ -203,7 +204,7 @@ def swiglu_backward_triton(
     rows, ffn = h.shape[0], h.shape[1] // 2
     grad_h = torch.empty_like(h)
     grad_p = torch.empty(rows, dtype=torch.float32, device=h.device)
-    _swiglu_backward_kernel[(triton.cdiv(rows, 16),)](h, row_probs.contiguous(), grad_a, grad_h, grad_p, rows, ffn,
+    _swiglu_backward_kernel[(cdiv(rows, 16),)](h, row_probs.contiguous(), grad_a, grad_h, grad_p, rows, ffn,
                                                       BLOCK_R=16, BLOCK_F=128, num_warps=4)
     return grad_h, grad_p
 
@@ -221,7 +222,7 @@ def swiglu_backward_mx_triton(
     require_blocks((rows, ffn), blocks_along_rows=True)
     along_cols = torch.empty(h_data.shape, dtype=grad_a.dtype, device=grad_a.device)
     along_rows = torch.empty_like(along_cols)
-    chunks = triton.cdiv(ffn, _MX_BACKWARD_BLOCK_F)
+    chunks = cdiv(ffn, _MX_BACKWARD_BLOCK_F)
     grad_p_parts = torch.empty((chunks, rows), dtype=torch.float32, device=grad_a.device)
     _swiglu_backward_mx_kernel[(rows // 32, chunks)](h_data, h_scale if h_mx else h_data, row_probs.contiguous(),
                                                      grad_a, along_cols, along_rows, grad_p_parts, rows, ffn,
