@@ -57,6 +57,6 @@ def adamw_step_triton(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     updated values (the bf16 weight of a float32 master)."""
     numel = param.numel()
     _adamw_kernel[(cdiv(numel, _BLOCK),)](param, grad, exp_avg, exp_avg_sq, step, grad_scale,
-                                                 param if rounded is None else rounded, numel, lr, beta1, beta2,
-                                                 eps, weight_decay, BLOCK=_BLOCK, WRITE_ROUNDED=rounded is not None,
-                                                 num_warps=4)
+                                          param if rounded is None else rounded, numel, lr, beta1, beta2,
+                                          eps, weight_decay, BLOCK=_BLOCK, WRITE_ROUNDED=rounded is not None,
+                                          num_warps=4)

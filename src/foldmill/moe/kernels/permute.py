@@ -66,5 +66,5 @@ def sum_rows_triton(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = torch.empty((tokens, hidden), dtype=source.dtype, device=source.device)
     block = _block_h(hidden)
     _sum_rows_kernel[(tokens, cdiv(hidden, block))](source, index, out, hidden, TOP_K=top_k, BLOCK_H=block,
-                                                           num_warps=4)
+                                                    num_warps=4)
     return out

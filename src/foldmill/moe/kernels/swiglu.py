@@ -205,7 +205,7 @@ def swiglu_backward_triton(
     grad_h = torch.empty_like(h)
     grad_p = torch.empty(rows, dtype=torch.float32, device=h.device)
     _swiglu_backward_kernel[(cdiv(rows, 16),)](h, row_probs.contiguous(), grad_a, grad_h, grad_p, rows, ffn,
-                                                      BLOCK_R=16, BLOCK_F=128, num_warps=4)
+                                               BLOCK_R=16, BLOCK_F=128, num_warps=4)
     return grad_h, grad_p
 
 
