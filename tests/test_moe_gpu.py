@@ -752,6 +752,12 @@ def test_captured_steps_train_as_eager_steps(backend, masked):
         captured(batches[0][:1])
 
 
+def next_token_loss(model, batch):
+    """(cross-entropy of `model`'s next-token logits on `batch`,): the captured steps' loss_fn."""
+    logits = model(batch[:, :-1]).logits
+    return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
+
+
 def assert_captured_steps_train_as_eager(eager, loss, batches, micro_batches=1):
     """Train a copy of `eager` with captured steps and `eager` itself with eager steps, torch's AdamW
     after each, over `batches` (each step's split into `micro_batches`): the same losses and weights.
@@ -764,7 +770,7 @@ def assert_captured_steps_train_as_eager(eager, loss, batches, micro_batches=1):
     graphed = copy.deepcopy(eager)
     eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-2, fused=True)
     graphed_optimizer = torch.optim.AdamW(graphed.parameters(), lr=1e-2, fused=True)
-    captured = CapturedForwardBackward(lambda batch: loss(graphed, batch), list(graphed.parameters()), micro_batches)
+    captured = CapturedForwardBackward(graphed, lambda batch: loss(graphed, batch), micro_batches)
     for batch in batches:
         want = accumulate_gradients(lambda part: loss(eager, part), batch, micro_batches)[0]
         eager_optimizer.step()
@@ -788,12 +794,7 @@ def test_captured_steps_of_micro_batches_train_as_eager_accumulation(backend):
     config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
     eager = MoEDecoder(config).to(CUDA, torch.bfloat16)
     batches = torch.randint(4, config.vocab_size, (4, 6, 129), device=CUDA)
-
-    def loss(model, batch):
-        logits = model(batch[:, :-1]).logits
-        return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
-
-    _, captured = assert_captured_steps_train_as_eager(eager, loss, batches, micro_batches=3)
+    _, captured = assert_captured_steps_train_as_eager(eager, next_token_loss, batches, micro_batches=3)
     assert captured.static_batch.shape == (6, 129)
 
 
@@ -826,7 +827,7 @@ def test_captured_bf16_mixed_steps_with_bf16_experts_match_float32_experts(backe
             return (F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()),)
 
         optimizer = AdamW(model.parameters(), lr=1e-2, fused=True, master_weights=master_weights)
-        captured = CapturedForwardBackward(loss, list(model.parameters()))
+        captured = CapturedForwardBackward(model, loss)
         losses = []
         for batch in batches:
             losses.append(captured(batch)[0])
@@ -893,6 +894,76 @@ def test_trainer_with_cuda_graphs_trains_and_resumes_as_eager(tmp_path, data_dir
                 assert line[column] is None
 
 
+@pytest.mark.parametrize("backend", ["grouped", "fp8_rowwise"])
+def test_captured_ddp_steps_replay_ddps_gradient_reduction(backend):
+    """Under DDP (over a process group of this process alone), a captured step holds DDP's gradient
+    reduction: with a communication hook that doubles what it all-reduces, every replay's gradients
+    are twice a plain model's over the same two micro-batches, reduced once (under no_sync before
+    the last micro-batch; reduced after each, the first micro-batch's would count four times)."""
+    import copy
+
+    import torch.distributed as dist
+
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.model.decoder import MoEDecoder
+    from foldmill.moe.train.distributed import Dist, one_process_group, wrap_model
+    from foldmill.moe.train.graphs import CapturedForwardBackward, built_on_capture_stream
+    from foldmill.moe.train.loss import accumulate_gradients
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_size=128, ffn_size=256, expert_backend=backend)
+    plain = MoEDecoder(config).to(device, torch.bfloat16)
+    batches = torch.randint(4, config.vocab_size, (3, 4, 129), device=device)
+
+    def doubled_all_reduce(state, bucket):
+        work = dist.all_reduce(bucket.buffer().mul_(2), async_op=True)
+        return work.get_future().then(lambda future: future.value()[0])
+
+    with one_process_group(device):
+        ddp, stream = built_on_capture_stream(lambda: wrap_model(copy.deepcopy(plain), "ddp", Dist(0, 1, device)),
+                                              device)
+        ddp.register_comm_hook(None, doubled_all_reduce)
+        captured = CapturedForwardBackward(ddp, lambda batch: next_token_loss(ddp, batch), micro_batches=2,
+                                           stream=stream)
+        for batch in batches:
+            got = captured(batch)[0]
+            want = accumulate_gradients(lambda part: next_token_loss(plain, part), batch, 2)[0]
+            assert torch.allclose(got, want, rtol=1e-3, atol=0)
+            for (name, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
+                assert torch.allclose(q.grad.float(), 2 * p.grad.float(), rtol=1e-2, atol=1e-5), name
+            plain.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="built_on_capture_stream"):
+        CapturedForwardBackward(ddp, lambda batch: next_token_loss(ddp, batch))
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_data_parallel_trainer_captures_its_steps_and_trains_as_eager_ddp(tmp_path, data_dir, micro_batches):
+    """With a process group the trainer wraps the model in DDP; moe.cuda_graphs then captures each
+    step with DDP's all-reduces: the eager DDP run's losses, with evaluation and checkpoints between
+    replays."""
+    from foldmill.moe.config import TrainConfig
+    from foldmill.moe.data.corpus import prepare_corpus
+    from foldmill.moe.train.distributed import Dist, one_process_group
+    from foldmill.moe.train.trainer import Trainer
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    corpus = tmp_path / "corpus"
+    prepare_corpus([data_dir / "proteomes/yeast_chr1.fasta"], corpus, val_fraction=0.05)
+    settings = {"steps": 6, "batch_size": 4 // micro_batches, "gradient_accumulation_steps": micro_batches,
+                "seq_len": 64, "lr": 5e-3, "warmup_steps": 2, "log_every": 2, "checkpoint_every": 3, "eval_every": 3,
+                "eval_batches": 2, "precision": "bf16", "expert_backend": "fp8_rowwise", "parallel": "ddp"}
+    with one_process_group(device):
+        env = Dist(0, 1, device)
+        eager = Trainer(corpus, tmp_path / "eager", TrainConfig(**settings, cuda_graphs=False), env)
+        graphed = Trainer(corpus, tmp_path / "graphed", TrainConfig(**settings, cuda_graphs=True), env)
+        assert isinstance(graphed.model, torch.nn.parallel.DistributedDataParallel)
+        assert eager.captured is None and graphed.captured is not None
+        want, got = eager.fit(), graphed.fit()
+    assert got["final_train_loss"] == pytest.approx(want["final_train_loss"], rel=1e-2)
+    assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-2)
+
+
 def test_bench_gives_cublas_workspaces_back_between_rows():
     """cuBLAS takes a workspace from torch's cache for each new stream it runs on (every captured
     step row warms up on another side stream); the bench returns them before each row."""
@@ -916,19 +987,30 @@ def test_bench_gives_cublas_workspaces_back_between_rows():
 def test_bench_host_rows_count_the_kernels_an_eager_step_launches():
     """`--sections host`: per backend, the eager step's GPU and host times and the kernels it
     launches, of which the Triton ones; the FP8 quantizers and MXFP8 copies are Triton kernels the
-    bf16 step does not launch."""
+    bf16 step does not launch. Then each step under DDP over one process, eager and captured."""
     from foldmill.bench.moe import bench_step
 
-    rows = bench_step("tiny", 0, 512, 256, ["grouped", "fp8_rowwise", "mxfp8"], repeats=3, peaks={}, host=True)
-    assert [row["variant"] for row in rows] == ["foldmill grouped", "foldmill fp8_rowwise", "foldmill mxfp8"]
+    backends = ["grouped", "fp8_rowwise", "mxfp8"]
+    rows = bench_step("tiny", 0, 512, 256, backends, repeats=3, peaks={}, host=True)
+    ddp_rows = [f"foldmill {backend}, DDP over one process{graphed}" for backend in backends
+                for graphed in ("", ", CUDA graph")]
+    assert [row["variant"] for row in rows] == [f"foldmill {backend}" for backend in backends] + ddp_rows
     for row in rows:
         assert "error" not in row, row
         assert row["section"] == "host" and row["ms"] > 0 and row["host_ms"] > 0
-        assert 0 < row["triton_kernels_per_step"] < row["kernels_per_step"]
-    grouped, fp8, mxfp8 = rows
+        if not row["variant"].endswith("CUDA graph"):
+            assert 0 < row["triton_kernels_per_step"] < row["kernels_per_step"]
+    grouped, fp8, mxfp8 = rows[:3]
     assert fp8["triton_kernels_per_step"] > grouped["triton_kernels_per_step"]
     assert mxfp8["triton_kernels_per_step"] > grouped["triton_kernels_per_step"]
     assert grouped["speedup_vs_foldmill_grouped"] == 1.0
+    for plain, ddp, captured in zip(rows[:3], rows[3::2], rows[4::2]):
+        assert ddp["kernels_per_step"] >= plain["kernels_per_step"]  # DDP's hooks may add copies
+        assert ddp["triton_kernels_per_step"] == plain["triton_kernels_per_step"]
+        assert "kernels_per_step" not in captured  # a replay launches none from Python
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the rows' process group is gone
 
 
 @pytest.mark.parametrize(("backend", "settings"), [("mxfp8", {}), ("mxfp8", {"mxfp8_store_swiglu_input": True}),

@@ -683,6 +683,31 @@ def test_two_processes_train_together(corpus, tmp_path, parallel):
     assert logged[2]["grad_norm"] == pytest.approx(logged[1]["grad_norm"], rel=1e-4)
 
 
+def test_steps_are_captured_in_one_process_and_a_process_group_brings_ddp():
+    """moe.cuda_graphs captures the steps of one process: without a process group, or under DDP over
+    a group of this process alone (as the GPU tests and the bench's DDP rows run it); not under
+    FSDP2 or expert parallelism. wrap_model builds DDP wherever a process group is set up, and
+    leaves the model alone without one."""
+    import torch.distributed as dist
+
+    from foldmill.moe.config import ModelConfig
+    from foldmill.moe.train.distributed import Dist, step_can_be_captured, wrap_model
+
+    model = MoEDecoder(ModelConfig(hidden_size=32, ffn_size=64, num_layers=1))
+    cpu = Dist(0, 1, torch.device("cpu"))
+    assert step_can_be_captured("ddp", 1) and step_can_be_captured("fsdp", 1)  # one process: nothing to shard
+    assert wrap_model(model, "ddp", cpu) is model
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert step_can_be_captured("ddp", 1)
+        assert not step_can_be_captured("fsdp", 1) and not step_can_be_captured("ddp", 2)
+        wrapped = wrap_model(model, "ddp", cpu)
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.module is model
+        assert not wrapped.broadcast_buffers  # the RoPE tables are computed alike everywhere
+    finally:
+        dist.destroy_process_group()
+
+
 def test_train_options_say_what_the_workflow_keys_say(capsys):
     """`foldmill pretrain train --help` gives each option the choices and the description of the
     workflow schema's key of the same name."""

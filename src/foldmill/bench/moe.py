@@ -16,9 +16,10 @@ Sections, same shapes for every contender, timed with CUDA events (median) excep
          (bench/_attention.py)
   profile  (not in the defaults) GPU time per kernel category of foldmill's captured step per backend
          and recipe (bf16, bf16-mixed), from a torch profiler trace
-  host   (not in the defaults) foldmill's step per backend launched from Python, as runs of several
-         GPUs launch it: its GPU time beside the host's time to issue it, and the kernels and Triton
-         kernels it launches
+  host   (not in the defaults) foldmill's step per backend launched from Python: its GPU time beside
+         the host's time to issue it, and the kernels and Triton kernels it launches; then under DDP
+         over a process group of this process alone, launched from Python and captured as the
+         trainer captures data-parallel steps
   kernels  (not in the defaults) the memory-bound kernels around the expert GEMMs (SwiGLU, 8-bit
          copies, dequantization) at the step model's and the wide model's shapes, in CUDA graphs,
          with the bytes they move per second (bench/_moe_kernels.py)
@@ -601,15 +602,17 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     """Training-step rows; `captured_only`: just HF grouped_mm and the CUDA-graph rows (larger batches,
     wider models, accumulated gradients); `profile`: instead, each backend's captured step's GPU time
     per kernel category; `host`: instead, each backend's step launched from Python, its GPU time beside
-    its host's; `layers`, `vocab_size`: overrides of the named config's (0 keeps its own);
-    `micro_batches`: forward and backward passes of `tokens` each per optimizer step, their gradients
-    summed (moe.gradient_accumulation_steps), for every row."""
+    its host's, alone and under DDP (launched from Python and captured); `layers`, `vocab_size`:
+    overrides of the named config's (0 keeps its own); `micro_batches`: forward and backward passes
+    of `tokens` each per optimizer step, their gradients summed (moe.gradient_accumulation_steps),
+    for every row."""
     from transformers import MixtralForCausalLM
 
     from foldmill.moe.model.decoder import MoEDecoder
     from foldmill.moe.parallel.gradients import clip_factor
     from foldmill.moe.train.compile import compile_dense_blocks
-    from foldmill.moe.train.graphs import CapturedForwardBackward
+    from foldmill.moe.train.distributed import Dist, one_process_group, wrap_model
+    from foldmill.moe.train.graphs import CapturedForwardBackward, built_on_capture_stream
     from foldmill.moe.train.loss import accumulate_gradients, autocast
     from foldmill.moe.train.metrics import attended_fraction, flops_per_token
     from foldmill.moe.train.optim import AdamW
@@ -618,6 +621,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     overrides = {key: value for key, value in (("num_layers", layers), ("vocab_size", vocab_size)) if value}
     config = model_config(name, max_seq_len=seq_len, **overrides)
     device = torch.device("cuda")
+    this_gpu = torch.device("cuda", torch.cuda.current_device())  # DDP's device_ids need its index
     batch = max(tokens // seq_len, 1)
     # The sequences of one optimizer step: `micro_batches` micro-batches of `batch` each.
     data = torch.randint(4, config.vocab_size, (batch * micro_batches, seq_len + 1), device=device)
@@ -645,11 +649,12 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
     def train_step_fn(model: torch.nn.Module, hf: bool, masked: bool, graphed: bool,
-                      torch_optimizer: bool, recipe: str = "bf16",
-                      masters: dict | None = None) -> Callable[[], None]:
+                      torch_optimizer: bool, recipe: str = "bf16", masters: dict | None = None,
+                      stream: torch.cuda.Stream | None = None) -> Callable[[], None]:
         """One training step: HF rows (and torch_optimizer) clip with torch and step torch's fused AdamW;
         foldmill rows clip inside foldmill's AdamW update, as the trainer does (`masters`: the
-        float32 masters of weights stored in bf16, train/precision.py)."""
+        float32 masters of weights stored in bf16, train/precision.py; `stream`: a DDP model's, from
+        built_on_capture_stream)."""
         if hf or torch_optimizer:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
@@ -666,7 +671,7 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             return (loss_of(model, hf, masked, batch, recipe),)
 
         if graphed:  # what the trainer does with moe.cuda_graphs
-            captured = CapturedForwardBackward(losses, list(model.parameters()), micro_batches)
+            captured = CapturedForwardBackward(model, losses, micro_batches, stream)
 
             def graphed_step() -> None:
                 captured(data)
@@ -746,18 +751,35 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
             results.append({"section": "profile", "shape": label, "variant": f"{variant}: {category}",
                             "ms": round(ms, 2)})
 
-    def host_row(backend: str) -> None:
+    def host_row(backend: str, ddp: bool = False, graphed: bool = False) -> None:
+        """`ddp`: the model under DDP over a process group of this process alone (DDP's gradient
+        hooks, bucket copies and all-reduces, as each process of a data-parallel run pays them),
+        `graphed`: its step captured as the trainer captures it."""
         def measure() -> dict:
-            model, hf, masters = foldmill_model(backend)()
-            step = train_step_fn(model, hf, masked=False, graphed=False, torch_optimizer=False, masters=masters)
-            ms = cuda_median_ms(step, repeats, warmup=3)  # the warm-up for every count below
-            kernels = kernel_times(step, steps=1, warmup=0)
-            return {"ms": round(ms, 2), "host_ms": round(host_median_ms(step, repeats, warmup=0), 2),
-                    "kernels_per_step": round(sum(kernel["launches_per_step"] for kernel in kernels)),
-                    "triton_kernels_per_step": triton_launches(step)}
+            if not ddp:
+                return measure_step(*foldmill_model(backend)())
+            with one_process_group(this_gpu):
+                model, hf, masters = foldmill_model(backend)()
+                model, stream = built_on_capture_stream(lambda: wrap_model(model, "ddp", Dist(0, 1, this_gpu)),
+                                                        this_gpu)
+                return measure_step(model, hf, masters, stream)
 
-        # Named as the step section's rows launched from Python, so speedup_vs_foldmill_grouped compares them.
-        _guarded(results, {"section": "host", "shape": label, "variant": f"foldmill {backend}"}, measure)
+        def measure_step(model: torch.nn.Module, hf: bool, masters: dict,
+                         stream: torch.cuda.Stream | None = None) -> dict:
+            step = train_step_fn(model, hf, masked=False, graphed=graphed, torch_optimizer=False, masters=masters,
+                                 stream=stream)
+            ms = cuda_median_ms(step, repeats, warmup=3)  # the warm-up for every count below
+            measured = {"ms": round(ms, 2), "host_ms": round(host_median_ms(step, repeats, warmup=0), 2)}
+            if not graphed:  # a replay launches no kernel from Python
+                kernels = kernel_times(step, steps=1, warmup=0)
+                measured.update(kernels_per_step=round(sum(kernel["launches_per_step"] for kernel in kernels)),
+                                triton_kernels_per_step=triton_launches(step))
+            return measured
+
+        # Named as the step section's rows, so speedup_vs_foldmill_grouped compares them.
+        variant = f"foldmill {backend}" + (", DDP over one process" if ddp else "")
+        variant += ", CUDA graph" if graphed else ""
+        _guarded(results, {"section": "host", "shape": label, "variant": variant}, measure)
 
     def flash_attention_4_rows() -> None:
         """The captured bf16 step with FlashAttention 4's attention (ModelConfig.attention), where installed."""
@@ -777,6 +799,9 @@ def bench_step(name: str, layers: int, tokens: int, seq_len: int, backends: list
     if host:
         for backend in backends:
             host_row(backend)
+        for backend in backends:
+            host_row(backend, ddp=True)
+            host_row(backend, ddp=True, graphed=True)
         add_speedups(results)
         return results
     for implementation in ("grouped_mm",) if captured_only else ("eager", "grouped_mm"):

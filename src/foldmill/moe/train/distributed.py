@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +54,8 @@ def init_distributed() -> Dist:
 
 
 def wrap_model(model: nn.Module, parallel: str, env: Dist, expert_parallel: int = 1) -> nn.Module:
-    """DDP, or FSDP2 (each decoder layer, then the root) when several processes run.
+    """DDP, or FSDP2 (each decoder layer, then the root), over the process group where one was set
+    up (init_distributed sets one up when several processes run).
 
     With expert_parallel > 1 the experts are first split over a (dp x ep) mesh
     (moe.parallel); DDP / FSDP2 then cover only the dense parameters, and the trainer reduces
@@ -63,7 +64,7 @@ def wrap_model(model: nn.Module, parallel: str, env: Dist, expert_parallel: int 
     if expert_parallel > 1:
         mesh = build_mesh(env.world_size, expert_parallel, model.config.num_experts, env.device)
         shard_experts(model, mesh, as_dtensors=parallel == "fsdp")
-    if env.world_size == 1:
+    if not dist.is_initialized():
         return model
     experts = sharded_expert_parameters(model)
     if parallel == "fsdp":
@@ -77,7 +78,20 @@ def wrap_model(model: nn.Module, parallel: str, env: Dist, expert_parallel: int 
     if experts:
         nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(experts))
     device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    # The model's only buffers, the RoPE tables, are computed alike by every process: no broadcast
+    # before each forward pass.
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def step_can_be_captured(parallel: str, expert_parallel: int) -> bool:
+    """Whether the trainer captures the steps of wrap_model's model in a CUDA graph (train/graphs.py):
+    without a process group, or under DDP over a group of this process alone. FSDP2 gathers and
+    frees weights from Python, and expert parallelism sizes its token exchanges on the host. DDP
+    steps of several processes run eagerly: their captured all-reduces have not run on several
+    GPUs yet."""
+    if not dist.is_initialized():
+        return True
+    return dist.get_world_size() == 1 and parallel == "ddp" and expert_parallel == 1
 
 
 def deferred_gradient_sync(model: nn.Module) -> Callable[[], contextlib.AbstractContextManager]:
@@ -87,6 +101,20 @@ def deferred_gradient_sync(model: nn.Module) -> Callable[[], contextlib.Abstract
     if isinstance(model, nn.parallel.DistributedDataParallel):
         return model.no_sync
     return contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def one_process_group(device: torch.device) -> Iterator[None]:
+    """Within the block, a NCCL process group of this process alone: wrap_model builds DDP, whose
+    hooks and all-reduces then run on one GPU (the bench's DDP rows, the GPU tests)."""
+    if dist.is_initialized():
+        raise RuntimeError("one_process_group: a process group is set up already")
+    os.environ.update(NVLINK_MULTICAST_OFF)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ on a finished run it returns the summary and writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -38,11 +39,12 @@ from foldmill.moe.train.distributed import (
     all_reduce_sum,
     deferred_gradient_sync,
     init_distributed,
+    step_can_be_captured,
     unwrap,
     wrap_model,
 )
 from foldmill.moe.train.evaluate import evaluate
-from foldmill.moe.train.graphs import CapturedForwardBackward
+from foldmill.moe.train.graphs import CapturedForwardBackward, built_on_capture_stream
 from foldmill.moe.train.loss import accumulate_gradients, batch_loss
 from foldmill.moe.train.metrics import MetricsLog, attended_fraction, mfu_columns, run_peaks
 from foldmill.moe.train.optim import build_optimizer, learning_rate, set_learning_rate
@@ -141,10 +143,14 @@ class Trainer:
         torch.manual_seed(config.seed)
         model = MoEDecoder(self.model_config).to(self.env.device)
         masters = prepare_parameters(model, config.precision, self.env.world_size)
-        # Optimizations in this order: compile the dense blocks, then distribute (DDP / FSDP2).
+        # Optimizations in this order: compile the dense blocks, then distribute (DDP / FSDP2), then
+        # capture the step (DDP built on the stream that captures it: train/graphs.py).
         if config.compile and self.env.device.type == "cuda":
             compile_dense_blocks(model)
-        self.model = wrap_model(model, config.parallel, self.env, config.expert_parallel)
+        graphs = config.cuda_graphs and self.env.device.type == "cuda"
+        capture = graphs and step_can_be_captured(config.parallel, config.expert_parallel)
+        wrap = functools.partial(wrap_model, model, config.parallel, self.env, config.expert_parallel)
+        self.model, stream = built_on_capture_stream(wrap, self.env.device) if capture else (wrap(), None)
         self.optimizer = build_optimizer(self.model, config, masters)
         if self.env.is_main:
             claim(self.run_dir, RUN_FILES, COMMAND)
@@ -153,13 +159,12 @@ class Trainer:
         self.step = 0
         self.attended_fractions: list[float] = []  # per step since the last log line (train_step)
         self.captured: CapturedForwardBackward | None = None
-        if config.cuda_graphs and self.env.device.type == "cuda":
-            if self.env.world_size == 1:
-                self.captured = CapturedForwardBackward(self._loss_and_metrics, list(self.model.parameters()),
-                                                        config.gradient_accumulation_steps)
-            else:
-                log.info("moe.cuda_graphs: off with %d processes (captured steps run on one GPU only)",
-                         self.env.world_size)
+        if capture:
+            self.captured = CapturedForwardBackward(self.model, self._loss_and_metrics,
+                                                    config.gradient_accumulation_steps, stream)
+        elif graphs:
+            log.info("moe.cuda_graphs: off with %d processes (steps are captured in runs of one process)",
+                     self.env.world_size)
 
     @property
     def checkpoint_root(self) -> Path:
